@@ -1,0 +1,262 @@
+#include "config/config_file.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <toml++/toml.h>
+
+namespace traincoord {
+
+namespace {
+
+// Reads one TOML table, refusing keys it does not know: a typo must not be silently ignored.
+class TableReader {
+ public:
+  TableReader(const toml::table* table, std::string prefix, std::string_view source)
+      : table_(table), prefix_(std::move(prefix)), source_(source) {}
+
+  std::string field(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key);
+  }
+
+  tl::unexpected<Error> bad(std::string_view key, const std::string& what) const {
+    return invalid_argument(field(key), std::string(source_) + ": " + field(key) + ": " + what);
+  }
+
+  bool has(std::string_view key) {
+    seen_.insert(std::string(key));
+    return table_ && table_->contains(key);
+  }
+
+  Result<void> integer(std::string_view key, int64_t min, int64_t max, int64_t* out) {
+    if (!has(key)) return {};
+    auto v = (*table_)[key].value<int64_t>();
+    if (!v || !(*table_)[key].is_integer()) return bad(key, "must be an integer");
+    if (*v < min || *v > max) {
+      return bad(key, "must be between " + std::to_string(min) + " and " + std::to_string(max));
+    }
+    *out = *v;
+    return {};
+  }
+
+  template <typename T>
+  Result<void> integer_as(std::string_view key, int64_t min, int64_t max, T* out) {
+    int64_t v = static_cast<int64_t>(*out);
+    if (auto r = integer(key, min, max, &v); !r) return r;
+    *out = static_cast<T>(v);
+    return {};
+  }
+
+  Result<void> number(std::string_view key, double* out) {
+    if (!has(key)) return {};
+    const toml::node& node = *table_->get(key);
+    if (!node.is_number()) return bad(key, "must be a number");
+    *out = node.value<double>().value();
+    if (!std::isfinite(*out)) return bad(key, "must be finite");
+    return {};
+  }
+
+  Result<void> optional_number(std::string_view key, std::optional<double>* out) {
+    if (!has(key)) return {};
+    double v = 0;
+    if (auto r = number(key, &v); !r) return r;
+    *out = v;
+    return {};
+  }
+
+  Result<void> boolean(std::string_view key, bool* out) {
+    if (!has(key)) return {};
+    auto v = (*table_)[key].value<bool>();
+    if (!v) return bad(key, "must be true or false");
+    *out = *v;
+    return {};
+  }
+
+  Result<void> string(std::string_view key, std::string* out) {
+    if (!has(key)) return {};
+    auto v = (*table_)[key].value<std::string>();
+    if (!v) return bad(key, "must be a string");
+    *out = *v;
+    return {};
+  }
+
+  // A string that must be one of `choices`; returns its index in *out.
+  Result<void> choice(std::string_view key, std::initializer_list<std::string_view> choices,
+                      int* out) {
+    if (!has(key)) return {};
+    auto v = (*table_)[key].value<std::string>();
+    std::string list;
+    int i = 0;
+    for (std::string_view c : choices) {
+      if (v && *v == c) {
+        *out = i;
+        return {};
+      }
+      list += (i++ ? ", " : "") + std::string("\"") + std::string(c) + "\"";
+    }
+    return bad(key, "must be one of " + list);
+  }
+
+  // Fails on the first key that none of the calls above asked for.
+  Result<void> no_unknown_keys() const {
+    if (!table_) return {};
+    for (const auto& [key, node] : *table_) {
+      if (seen_.count(std::string(key.str())) == 0) {
+        return bad(key.str(), "unknown key (check its spelling and docs/CONFIG.md)");
+      }
+    }
+    return {};
+  }
+
+ private:
+  const toml::table* table_;
+  std::string prefix_;
+  std::string_view source_;
+  std::set<std::string> seen_;
+};
+
+#define TC_TRY(expr)                     \
+  do {                                   \
+    if (auto r_ = (expr); !r_) return tl::unexpected(r_.error()); \
+  } while (0)
+
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxCount = int64_t{1} << 50;
+
+Result<void> read_data(TableReader& t, RunConfig* c) {
+  int64_t train_batches = -1, dev_batches = -1, train_samples = -1, dev_samples = -1;
+  int64_t batch_size = 0;
+  TC_TRY(t.integer("train_batches", 1, kMaxCount, &train_batches));
+  TC_TRY(t.integer("dev_batches", 0, kMaxCount, &dev_batches));
+  TC_TRY(t.integer("train_samples", 1, kMaxCount, &train_samples));
+  TC_TRY(t.integer("dev_samples", 0, kMaxCount, &dev_samples));
+  TC_TRY(t.integer("batch_size", 1, kMaxCount, &batch_size));
+  auto batches = [&](int64_t samples) {
+    return static_cast<uint64_t>((samples + batch_size - 1) / batch_size);
+  };
+  if (train_batches >= 0 && train_samples >= 0) {
+    return t.bad("train_samples", "give train_batches or train_samples, not both");
+  }
+  if (dev_batches >= 0 && dev_samples >= 0) {
+    return t.bad("dev_samples", "give dev_batches or dev_samples, not both");
+  }
+  if ((train_samples >= 0 || dev_samples >= 0) && batch_size == 0) {
+    return t.bad("batch_size", "needed to turn samples into batches: batches = ceil(samples / "
+                               "batch_size)");
+  }
+  if (train_batches < 0 && train_samples < 0) {
+    return t.bad("train_batches", "missing: give train_batches, or train_samples and batch_size");
+  }
+  c->train_batches = train_samples >= 0 ? batches(train_samples) : train_batches;
+  c->dev_batches = dev_samples >= 0 ? batches(dev_samples) : std::max<int64_t>(0, dev_batches);
+  c->batch_size = static_cast<uint64_t>(batch_size);
+  int order = c->order == BatchOrder::kSequential ? 0 : 1;
+  TC_TRY(t.choice("order", {"sequential", "shuffled"}, &order));
+  c->order = order == 0 ? BatchOrder::kSequential : BatchOrder::kShuffled;
+  TC_TRY(t.integer_as("seed", 0, std::numeric_limits<int64_t>::max(), &c->seed));
+  return t.no_unknown_keys();
+}
+
+Result<void> read_schedule(TableReader& t, RunConfig* c) {
+  TC_TRY(t.integer_as("epochs", -1'000'000, 1'000'000, &c->epochs));
+  TC_TRY(t.integer_as("validation_every", 0, kMaxInt, &c->validation_every));
+  TC_TRY(t.integer_as("gpus_per_worker", 1, 1 << 16, &c->gpus_per_worker));
+  TC_TRY(t.integer_as("iters_per_worker", 0, 1 << 20, &c->iters_per_worker));
+  TC_TRY(t.integer_as("replicas_to_agg", 0, 1 << 20, &c->replicas_to_agg));
+  TC_TRY(t.integer_as("start_step", 0, std::numeric_limits<int64_t>::max(), &c->start_step));
+  TC_TRY(t.boolean("seed_compat", &c->seed_compat));
+  TC_TRY(t.boolean("overlap_epochs", &c->overlap_epochs));
+  return t.no_unknown_keys();
+}
+
+Result<void> read_leases(TableReader& t, RunConfig* c) {
+  double timeout_s = static_cast<double>(c->lease_timeout_ms) / 1000.0;
+  TC_TRY(t.number("timeout", &timeout_s));
+  if (timeout_s < 0.001 || timeout_s > 7 * 24 * 3600.0) {
+    return t.bad("timeout", "must be between 0.001 and 604800 seconds");
+  }
+  c->lease_timeout_ms = static_cast<int64_t>(std::llround(timeout_s * 1000.0));
+  TC_TRY(t.integer_as("max_attempts", 1, 1000, &c->max_attempts));
+  int policy = c->on_job_failure == JobFailurePolicy::kFailRun ? 0 : 1;
+  TC_TRY(t.choice("on_job_failure", {"fail_run", "skip"}, &policy));
+  c->on_job_failure = policy == 0 ? JobFailurePolicy::kFailRun : JobFailurePolicy::kSkip;
+  TC_TRY(t.integer_as("history", 1, 1 << 26, &c->lease_history));
+  return t.no_unknown_keys();
+}
+
+Result<void> read_early_stop(TableReader& t, RunConfig* c) {
+  EarlyStopConfig& es = c->early_stop;
+  int rule = 0;
+  TC_TRY(t.choice("rule", {"none", "window", "patience"}, &rule));
+  es.kind = static_cast<EarlyStopKind>(rule);
+  // Window rule.
+  TC_TRY(t.integer_as("window", 0, 1 << 20, &es.window.window));
+  TC_TRY(t.number("mean_threshold", &es.window.mean_threshold));
+  TC_TRY(t.number("std_threshold", &es.window.std_threshold));
+  // Patience rule.
+  PatienceRuleConfig& p = es.patience;
+  TC_TRY(t.string("monitor", &p.monitor));
+  int mode = p.mode == MonitorMode::kMin ? 0 : 1;
+  TC_TRY(t.choice("mode", {"min", "max"}, &mode));
+  p.mode = mode == 0 ? MonitorMode::kMin : MonitorMode::kMax;
+  TC_TRY(t.number("min_delta", &p.min_delta));
+  TC_TRY(t.integer_as("patience", 0, 1 << 20, &p.patience));
+  TC_TRY(t.optional_number("baseline", &p.baseline));
+  TC_TRY(t.optional_number("stopping_threshold", &p.stopping_threshold));
+  TC_TRY(t.optional_number("divergence_threshold", &p.divergence_threshold));
+  TC_TRY(t.boolean("check_finite", &p.check_finite));
+  return t.no_unknown_keys();
+}
+
+}  // namespace
+
+Result<RunConfig> parse_run_config(std::string_view text, std::string_view source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+        << e.description();
+    return invalid_argument("", msg.str());
+  }
+  RunConfig c;
+  TableReader top(&root, "", source);
+  TC_TRY(top.string("name", &c.name));
+  struct Section {
+    const char* name;
+    Result<void> (*read)(TableReader&, RunConfig*);
+  };
+  for (const Section& s : {Section{"data", read_data}, Section{"schedule", read_schedule},
+                           Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
+    const bool present = top.has(s.name);
+    const toml::table* table = present ? root[s.name].as_table() : nullptr;
+    if (present && !table) return top.bad(s.name, "must be a table ([" + std::string(s.name) + "])");
+    if (!table && std::string_view(s.name) == "data") {
+      return top.bad("data", "missing: a run needs a [data] table with train_batches");
+    }
+    TableReader reader(table, s.name, source);
+    TC_TRY(s.read(reader, &c));
+  }
+  TC_TRY(top.no_unknown_keys());
+  if (auto ok = validate(c); !ok) {
+    Error e = ok.error();
+    e.message = std::string(source) + ": " + e.message;
+    return tl::unexpected(e);
+  }
+  return c;
+}
+
+Result<RunConfig> load_run_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return invalid_argument("config", "cannot read run config " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path);
+}
+
+}  // namespace traincoord

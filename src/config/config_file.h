@@ -1,0 +1,20 @@
+// Run configs in TOML: the file a user writes (examples/runs/*.toml, docs/CONFIG.md).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/run_config.h"
+
+namespace traincoord {
+
+// Parses and validates a run config. `source` names the text in messages (a file path).
+// Fails with kInvalidArgument naming the field: a syntax error, an unknown key, a value of the
+// wrong type or out of range, or a rule of validate().
+Result<RunConfig> parse_run_config(std::string_view toml, std::string_view source);
+
+// Reads the file at `path` and parses it.
+Result<RunConfig> load_run_config(const std::string& path);
+
+}  // namespace traincoord

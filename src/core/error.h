@@ -1,0 +1,54 @@
+// Errors as values: every expected failure of the core is an Error inside a Result.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <tl/expected.hpp>
+
+namespace traincoord {
+
+// What kind of failure; the network layer maps each to an HTTP status.
+enum class ErrorCode {
+  kInvalidArgument,  // bad input: a config field or request field (HTTP 400)
+  kNotFound,         // unknown run, worker, job or lease (HTTP 404)
+  kConflict,         // e.g. a lease that belongs to another worker (HTTP 409)
+  kFailedPrecondition,  // the run is in a state that does not allow the call (HTTP 409)
+};
+
+std::string_view error_code_name(ErrorCode code);
+
+struct Error {
+  ErrorCode code;
+  std::string message;  // says what was wrong and what to do
+  std::string field;    // for kInvalidArgument: the offending field, if any
+};
+
+template <typename T>
+using Result = tl::expected<T, Error>;
+
+inline tl::unexpected<Error> invalid_argument(std::string field, std::string message) {
+  return tl::unexpected(Error{ErrorCode::kInvalidArgument, std::move(message), std::move(field)});
+}
+inline tl::unexpected<Error> not_found(std::string message) {
+  return tl::unexpected(Error{ErrorCode::kNotFound, std::move(message), {}});
+}
+inline tl::unexpected<Error> conflict(std::string message) {
+  return tl::unexpected(Error{ErrorCode::kConflict, std::move(message), {}});
+}
+inline tl::unexpected<Error> failed_precondition(std::string message) {
+  return tl::unexpected(Error{ErrorCode::kFailedPrecondition, std::move(message), {}});
+}
+
+}  // namespace traincoord
+
+// Invariants: a broken one stops the program loudly, in every build type.
+#define TC_ASSERT(cond)                                                         \
+  do {                                                                          \
+    if (!(cond)) ::traincoord::assertion_failed(#cond, __FILE__, __LINE__);     \
+  } while (0)
+
+namespace traincoord {
+[[noreturn]] void assertion_failed(const char* expr, const char* file, int line);
+}  // namespace traincoord

@@ -1,0 +1,595 @@
+#include "core/run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace traincoord {
+
+std::string_view run_state_name(RunState state) {
+  switch (state) {
+    case RunState::kRunning:
+      return "running";
+    case RunState::kCompleted:
+      return "completed";
+    case RunState::kEarlyStopped:
+      return "early_stopped";
+    case RunState::kCancelled:
+      return "cancelled";
+    case RunState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::string_view completion_outcome_name(CompletionOutcome outcome) {
+  switch (outcome) {
+    case CompletionOutcome::kAccepted:
+      return "accepted";
+    case CompletionOutcome::kDuplicate:
+      return "duplicate";
+    case CompletionOutcome::kSuperseded:
+      return "superseded";
+    case CompletionOutcome::kGivenUp:
+      return "given_up";
+    case CompletionOutcome::kJobFailed:
+      return "job_failed";
+    case CompletionOutcome::kStale:
+      return "stale";
+  }
+  return "unknown";
+}
+
+std::string_view event_kind_name(EventKind kind) {
+  switch (kind) {
+    case EventKind::kEpochOpened:
+      return "epoch_opened";
+    case EventKind::kEpochClosed:
+      return "epoch_closed";
+    case EventKind::kLeaseExpired:
+      return "lease_expired";
+    case EventKind::kJobFailed:
+      return "job_failed";
+    case EventKind::kWorkerJoined:
+      return "worker_joined";
+    case EventKind::kWorkerLeft:
+      return "worker_left";
+    case EventKind::kEarlyStopped:
+      return "early_stopped";
+    case EventKind::kRunFinished:
+      return "run_finished";
+  }
+  return "unknown";
+}
+
+double Epoch::metric(std::string_view name, bool sample_weighted) const {
+  for (const MetricSum& m : metrics) {
+    if (m.name != name) continue;
+    if (sample_weighted && m.samples > 0) return m.weighted / static_cast<double>(m.samples);
+    if (m.count > 0) return m.plain / static_cast<double>(m.count);
+  }
+  return std::nan("");
+}
+
+namespace {
+
+std::string job_name(const Epoch& e, uint64_t position) {
+  return "job " + std::to_string(position) + " of " + std::string(set_name(e.plan.set)) +
+         " epoch " + std::to_string(e.plan.epoch);
+}
+
+}  // namespace
+
+Run::Run(RunConfig config, const Clock& clock)
+    : config_(std::move(config)),
+      plan_(make_plan(config_)),
+      clock_(clock),
+      early_stop_(config_.early_stop),
+      next_epoch_(plan_.start_epoch) {
+  if (!plan_.trains) {
+    finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) +
+                                     " already reached (the checkpoint is at epoch " +
+                                     std::to_string(plan_.start_epoch) + ")");
+    return;
+  }
+  open_next_epoch();
+}
+
+uint64_t Run::planned_jobs() const {
+  if (!plan_.trains) return 0;
+  uint64_t jobs = plan_.total_train_jobs;
+  for (int64_t e = plan_.start_epoch; e < plan_.target_epoch; ++e) {
+    if (auto dev = dev_epoch_plan(plan_, config_, e)) jobs += dev->size();
+  }
+  return jobs;
+}
+
+void Run::emit(EventKind kind, std::string text) {
+  events_.push_back(Event{++event_seq_, clock_.now(), kind, std::move(text)});
+  if (events_.size() > kEventsKept) events_.pop_front();
+}
+
+void Run::finish(RunState state, std::string reason) {
+  TC_ASSERT(state != RunState::kRunning);
+  if (state_ != RunState::kRunning) return;  // a run ends once
+  state_ = state;
+  state_reason_ = std::move(reason);
+  emit(EventKind::kRunFinished, std::string(run_state_name(state)) + ": " + state_reason_);
+}
+
+EpochOrder Run::order_of(int64_t epoch, SetKind set) const {
+  const uint64_t batches = set == SetKind::kTrain ? config_.train_batches : config_.dev_batches;
+  return EpochOrder(config_.order, batches, config_.seed, epoch, set);
+}
+
+void Run::batches_of(const Job& job, std::vector<uint64_t>* out) const {
+  const EpochOrder order = order_of(job.epoch, job.set);
+  for (uint64_t p = job.positions.first; p < job.positions.first + job.positions.count; ++p) {
+    out->push_back(order.batch_at(p));
+  }
+}
+
+// ---- the schedule of epochs ----
+
+bool Run::open_next_epoch() {
+  if (state_ != RunState::kRunning || next_epoch_ >= plan_.target_epoch) return false;
+  EpochPlan p;
+  if (!next_is_dev_) {
+    p = train_epoch_plan(plan_, config_, next_epoch_);
+    if (dev_epoch_plan(plan_, config_, next_epoch_)) {
+      next_is_dev_ = true;
+    } else {
+      ++next_epoch_;
+    }
+  } else {
+    p = *dev_epoch_plan(plan_, config_, next_epoch_);
+    next_is_dev_ = false;
+    ++next_epoch_;
+  }
+  Epoch e;
+  e.plan = p;
+  e.set_batches = p.set == SetKind::kTrain ? config_.train_batches : config_.dev_batches;
+  e.opened_at = clock_.now();
+  e.cursor = p.first_job;
+  const uint32_t slot = static_cast<uint32_t>(epochs_.size());
+  epochs_.push_back(std::move(e));
+  running_.push_back(slot);
+  latest_of_set_[static_cast<int>(p.set)] = slot;
+  if (p.set == SetKind::kDev) dev_to_judge_.push_back(slot);
+  emit(EventKind::kEpochOpened, std::string(set_name(p.set)) + " epoch " +
+                                    std::to_string(p.epoch) + " opened with " +
+                                    std::to_string(p.size()) + " jobs");
+  return true;
+}
+
+void Run::close_epoch(uint32_t slot) {
+  Epoch& e = epochs_[slot];
+  TC_ASSERT(!e.closed());
+  TC_ASSERT(e.resolved() == e.plan.size() && e.active.empty() && e.leased == 0);
+  e.closed_at = clock_.now();
+  if (e.finite_jobs == 0) {
+    e.loss = std::nan("");
+  } else if (!config_.seed_compat && e.samples > 0) {
+    e.loss = e.weighted_loss / static_cast<double>(e.samples);
+  } else {
+    e.loss = e.plain_loss / static_cast<double>(e.finite_jobs);
+  }
+  running_.erase(std::find(running_.begin(), running_.end(), slot));
+  char loss[64];
+  std::snprintf(loss, sizeof loss, "%.6g", e.loss);
+  emit(EventKind::kEpochClosed, std::string(set_name(e.plan.set)) + " epoch " +
+                                    std::to_string(e.plan.epoch) + " closed: loss " + loss +
+                                    ", " + std::to_string(e.done) + " jobs done, " +
+                                    std::to_string(e.failed) + " failed, " +
+                                    std::to_string(e.nonfinite_jobs) + " non-finite");
+  judge_dev_epochs();
+  advance();
+}
+
+// Early stopping sees dev epochs in the order they were opened, each as soon as it and all
+// before it have closed: the decision always uses the epoch that just finished.
+void Run::judge_dev_epochs() {
+  while (!dev_to_judge_.empty() && epochs_[dev_to_judge_.front()].closed()) {
+    const Epoch& e = epochs_[dev_to_judge_.front()];
+    dev_to_judge_.pop_front();
+    if (state_ != RunState::kRunning) continue;  // a late dev result never ends a run twice
+    const std::string& monitor = early_stop_.monitor();
+    const double value = monitor == "loss" ? e.loss : e.metric(monitor, !config_.seed_compat);
+    if (early_stop_.observe(e.plan.epoch, value, e.nonfinite_jobs == 0) &&
+        config_.early_stop.kind != EarlyStopKind::kNone) {
+      std::string why = "after dev epoch " + std::to_string(e.plan.epoch) + ": " +
+                        early_stop_.state().reason;
+      if (early_stop_.state().best_epoch) {
+        why += "; best epoch " + std::to_string(*early_stop_.state().best_epoch);
+      }
+      emit(EventKind::kEarlyStopped, why);
+      finish(RunState::kEarlyStopped, why);
+    }
+  }
+}
+
+// Barrier mode opens the next epoch once every running one has closed; overlap mode opens it
+// when a worker finds nothing open (see take_open_job). The run completes when the schedule is
+// exhausted and nothing runs.
+void Run::advance() {
+  if (state_ != RunState::kRunning) return;
+  const bool overlap = config_.seed_compat || config_.overlap_epochs;
+  if (running_.empty() && !overlap) open_next_epoch();
+  if (running_.empty() && next_epoch_ >= plan_.target_epoch) {
+    finish(RunState::kCompleted,
+           "target epoch " + std::to_string(plan_.target_epoch) + " reached");
+  }
+  if (running_.empty() && state_ == RunState::kRunning && overlap) {
+    open_next_epoch();
+  }
+}
+
+// ---- workers ----
+
+WorkerId Run::join(std::string_view name) {
+  auto it = worker_ids_.find(std::string(name));
+  if (it != worker_ids_.end()) {
+    WorkerInfo& w = workers_[it->second];
+    w.last_seen = clock_.now();
+    if (!w.active) {
+      w.active = true;
+      emit(EventKind::kWorkerJoined, "worker " + w.name + " rejoined");
+    }
+    return it->second;
+  }
+  const WorkerId id = static_cast<WorkerId>(workers_.size());
+  WorkerInfo w;
+  w.name = std::string(name);
+  w.joined_at = w.last_seen = clock_.now();
+  workers_.push_back(std::move(w));
+  worker_ids_.emplace(std::string(name), id);
+  emit(EventKind::kWorkerJoined, "worker " + std::string(name) + " joined");
+  return id;
+}
+
+Result<WorkerInfo*> Run::worker_of(WorkerId worker) {
+  if (worker >= workers_.size()) {
+    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name);
+  }
+  WorkerInfo* w = &workers_[worker];
+  w->last_seen = clock_.now();
+  return w;
+}
+
+Result<void> Run::leave(WorkerId worker) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  const std::vector<LeaseId> held = (*w)->leases;
+  for (LeaseId id : held) {
+    auto it = leases_.find(id);
+    TC_ASSERT(it != leases_.end() && it->second.live);
+    Epoch& e = epochs_[it->second.epoch_slot];
+    e.requeue.push_front(it->second.position);
+    e.active.at(it->second.position).live = 0;
+    resolve(it, CompletionOutcome::kGivenUp);
+  }
+  if ((*w)->active) {
+    (*w)->active = false;
+    emit(EventKind::kWorkerLeft, "worker " + (*w)->name + " left; " +
+                                     std::to_string(held.size()) + " jobs handed back");
+  }
+  return {};
+}
+
+// ---- leases ----
+
+void Run::remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome) {
+  const size_t slot = lease % config_.lease_history;
+  if (slot >= history_.size()) {
+    history_.resize(std::min<size_t>(config_.lease_history,
+                                     std::max<size_t>(slot + 1, history_.size() * 2)));
+  }
+  history_[slot] = Resolved{lease, worker, outcome};
+}
+
+void Run::unlink_live(LeaseId id, Lease& lease) {
+  TC_ASSERT(lease.live);
+  live_order_.erase(lease.order);
+  lease.live = false;
+  std::vector<LeaseId>& held = workers_[lease.worker].leases;
+  auto pos = std::find(held.begin(), held.end(), id);
+  TC_ASSERT(pos != held.end());
+  *pos = held.back();
+  held.pop_back();
+  epochs_[lease.epoch_slot].leased -= 1;
+}
+
+// Drops a lease from leases_ (live or expired), remembering its outcome.
+void Run::resolve(std::unordered_map<LeaseId, Lease>::iterator it, CompletionOutcome outcome) {
+  Lease& lease = it->second;
+  if (lease.live) unlink_live(it->first, lease);
+  remember(it->first, lease.worker, outcome);
+  leases_.erase(it);
+}
+
+Job Run::hand_out(WorkerId worker, uint32_t slot, uint64_t position) {
+  Epoch& e = epochs_[slot];
+  Epoch::ActiveJob& job = e.active[position];
+  TC_ASSERT(job.live == 0);
+  const LeaseId id = ++last_lease_;
+  const TimeMs deadline = clock_.now() + config_.lease_timeout_ms;
+  live_order_.push_back(id);
+  job.handouts += 1;
+  leases_.emplace(id, Lease{worker, slot, position, job.handouts, deadline, true,
+                            std::prev(live_order_.end())});
+  job.live = id;
+  e.leased += 1;
+  workers_[worker].leases.push_back(id);
+  counters_.handouts += 1;
+  if (job.handouts > 1) counters_.rehandouts += 1;
+
+  const uint64_t batches_per_job = plan_.batches_per_job;
+  Job out;
+  out.lease = id;
+  out.attempt = job.handouts;
+  out.deadline = deadline;
+  out.epoch = e.plan.epoch;
+  out.set = e.plan.set;
+  out.index = position;
+  out.jobs_in_epoch = e.plan.end_job;
+  out.positions = job_batches(e.set_batches, batches_per_job, position);
+  return out;
+}
+
+bool Run::take_open_job(WorkerId worker, Acquired* out) {
+  const bool overlap = config_.seed_compat || config_.overlap_epochs;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t slot : running_) {
+      Epoch& e = epochs_[slot];
+      uint64_t position;
+      if (!e.requeue.empty()) {
+        position = e.requeue.front();
+        e.requeue.pop_front();
+      } else if (e.cursor < e.plan.end_job) {
+        position = e.cursor++;
+      } else {
+        continue;
+      }
+      out->status = AcquireStatus::kJob;
+      out->job = hand_out(worker, slot, position);
+      return true;
+    }
+    // As the original did: with nothing open, overlap mode starts the next epoch at once.
+    if (!overlap || !open_next_epoch()) break;
+  }
+  return false;
+}
+
+TimeMs Run::retry_hint() const {
+  constexpr TimeMs kMaxHint = 1000;
+  if (live_order_.empty()) return kMaxHint;
+  const TimeMs soonest = leases_.at(live_order_.front()).deadline - clock_.now();
+  return std::clamp<TimeMs>(soonest, 1, kMaxHint);
+}
+
+Result<Acquired> Run::acquire(WorkerId worker) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  if (!(*w)->active) {
+    (*w)->active = true;
+    emit(EventKind::kWorkerJoined, "worker " + (*w)->name + " rejoined");
+  }
+  Acquired out;
+  if (state_ != RunState::kRunning) {
+    out.status = AcquireStatus::kFinished;
+    out.state = state_;
+    return out;
+  }
+  if (take_open_job(worker, &out)) return out;
+  if (state_ != RunState::kRunning) {  // opening an epoch can find the schedule exhausted
+    out.status = AcquireStatus::kFinished;
+    out.state = state_;
+    return out;
+  }
+  out.status = AcquireStatus::kWait;
+  out.retry_after_ms = retry_hint();
+  return out;
+}
+
+void Run::count_completion(Epoch& e, const Completion& c) {
+  e.done += 1;
+  if (std::isfinite(c.loss)) {
+    e.weighted_loss += c.loss * static_cast<double>(c.samples);
+    e.samples += c.samples;
+    e.plain_loss += c.loss;
+    e.finite_jobs += 1;
+  } else {
+    e.nonfinite_jobs += 1;
+    counters_.nonfinite_losses += 1;
+  }
+  for (const Metric& m : c.metrics) {
+    auto it = std::find_if(e.metrics.begin(), e.metrics.end(),
+                           [&](const Epoch::MetricSum& s) { return s.name == m.name; });
+    if (it == e.metrics.end()) {
+      e.metrics.push_back(Epoch::MetricSum{m.name, 0, 0, 0, 0});
+      it = std::prev(e.metrics.end());
+    }
+    if (!std::isfinite(m.value)) continue;
+    it->weighted += m.value * static_cast<double>(c.samples);
+    it->samples += c.samples;
+    it->plain += m.value;
+    it->count += 1;
+  }
+}
+
+Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion& completion) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) {
+    if (lease == 0 || lease > last_lease_) {
+      counters_.completions_unknown += 1;
+      return not_found("lease " + std::to_string(lease) + " was never issued by run " +
+                       config_.name);
+    }
+    const Resolved& r = history_.size() > lease % config_.lease_history
+                            ? history_[lease % config_.lease_history]
+                            : Resolved{};
+    if (r.lease != lease) {
+      counters_.completions_duplicate += 1;
+      return Completed{CompletionOutcome::kStale};
+    }
+    if (r.worker != worker) {
+      counters_.completions_foreign += 1;
+      return conflict("lease " + std::to_string(lease) + " belongs to worker " +
+                      workers_[r.worker].name + ", not to " + (*w)->name);
+    }
+    counters_.completions_duplicate += 1;
+    return Completed{r.outcome == CompletionOutcome::kAccepted ? CompletionOutcome::kDuplicate
+                                                               : r.outcome};
+  }
+  Lease& l = it->second;
+  if (l.worker != worker) {
+    counters_.completions_foreign += 1;
+    return conflict("lease " + std::to_string(lease) + " belongs to worker " +
+                    workers_[l.worker].name + ", not to " + (*w)->name);
+  }
+  // The first valid completion of a job wins, also a late one from an expired lease: the
+  // work is done, and any other lease of the job is superseded.
+  const uint32_t slot = l.epoch_slot;
+  const uint64_t position = l.position;
+  Epoch& e = epochs_[slot];
+  auto job = e.active.find(position);
+  TC_ASSERT(job != e.active.end());
+  if (!l.live) {
+    auto& expired = job->second.expired;
+    expired.erase(std::find(expired.begin(), expired.end(), lease));
+  }
+  resolve(it, CompletionOutcome::kAccepted);
+  if (job->second.live != 0 && job->second.live != lease) {
+    resolve(leases_.find(job->second.live), CompletionOutcome::kSuperseded);
+  } else if (job->second.live == 0) {
+    auto queued = std::find(e.requeue.begin(), e.requeue.end(), position);
+    if (queued != e.requeue.end()) e.requeue.erase(queued);
+  }
+  for (LeaseId other : job->second.expired) {
+    resolve(leases_.find(other), CompletionOutcome::kSuperseded);
+  }
+  e.active.erase(job);
+  count_completion(e, completion);
+  (*w)->jobs_done += 1;
+  counters_.completions_accepted += 1;
+  if (e.resolved() == e.plan.size()) close_epoch(slot);
+  return Completed{CompletionOutcome::kAccepted};
+}
+
+Result<NextJob> Run::next_job(WorkerId worker, LeaseId lease, const Completion& completion) {
+  auto done = complete(worker, lease, completion);
+  if (!done) return tl::unexpected(done.error());
+  auto next = acquire(worker);
+  if (!next) return tl::unexpected(next.error());
+  return NextJob{*done, *next};
+}
+
+Result<std::vector<LeaseId>> Run::heartbeat(WorkerId worker) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  const TimeMs deadline = clock_.now() + config_.lease_timeout_ms;
+  for (LeaseId id : (*w)->leases) {
+    Lease& l = leases_.at(id);
+    l.deadline = deadline;
+    // Every run has one timeout, so the newest deadline is the latest: the list stays sorted.
+    live_order_.splice(live_order_.end(), live_order_, l.order);
+  }
+  return (*w)->leases;
+}
+
+void Run::count_failure(uint32_t slot, uint64_t position, const std::string& why) {
+  Epoch& e = epochs_[slot];
+  Epoch::ActiveJob& job = e.active.at(position);
+  job.failures += 1;
+  if (job.failures < static_cast<uint32_t>(config_.max_attempts)) {
+    e.requeue.push_front(position);
+    return;
+  }
+  // Given up: its expired leases can no longer complete it.
+  for (LeaseId other : job.expired) resolve(leases_.find(other), CompletionOutcome::kJobFailed);
+  e.active.erase(position);
+  e.failed += 1;
+  e.failed_jobs.push_back(position);
+  counters_.jobs_failed += 1;
+  const std::string what = job_name(e, position) + " failed " +
+                           std::to_string(config_.max_attempts) + " times (last: " + why + ")";
+  emit(EventKind::kJobFailed, what);
+  if (config_.on_job_failure == JobFailurePolicy::kFailRun) {
+    finish(RunState::kFailed, what);
+  } else if (e.resolved() == e.plan.size()) {
+    close_epoch(slot);
+  }
+}
+
+Result<void> Run::fail(WorkerId worker, LeaseId lease, std::string_view reason) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) {
+    if (lease == 0 || lease > last_lease_) {
+      return not_found("lease " + std::to_string(lease) + " was never issued by run " +
+                       config_.name);
+    }
+    return {};  // already resolved: nothing left to give up
+  }
+  if (it->second.worker != worker) {
+    return conflict("lease " + std::to_string(lease) + " belongs to worker " +
+                    workers_[it->second.worker].name + ", not to " + (*w)->name);
+  }
+  const uint32_t slot = it->second.epoch_slot;
+  const uint64_t position = it->second.position;
+  Epoch::ActiveJob& job = epochs_[slot].active.at(position);
+  if (!it->second.live) {
+    job.expired.erase(std::find(job.expired.begin(), job.expired.end(), lease));
+    resolve(it, CompletionOutcome::kGivenUp);
+    return {};  // its expiry already counted as the failed attempt
+  }
+  job.live = 0;
+  resolve(it, CompletionOutcome::kGivenUp);
+  counters_.failure_reports += 1;
+  count_failure(slot, position, "worker " + (*w)->name + " reported: " + std::string(reason));
+  return {};
+}
+
+void Run::expire_leases() {
+  const TimeMs now = clock_.now();
+  while (!live_order_.empty()) {
+    const LeaseId id = live_order_.front();
+    Lease& l = leases_.at(id);
+    if (l.deadline > now) break;
+    unlink_live(id, l);
+    counters_.lease_expiries += 1;
+    Epoch& e = epochs_[l.epoch_slot];
+    Epoch::ActiveJob& job = e.active.at(l.position);
+    job.live = 0;
+    job.expired.push_back(id);
+    const std::string what = "lease " + std::to_string(id) + " of " + job_name(e, l.position) +
+                             " held by worker " + workers_[l.worker].name + " expired";
+    emit(EventKind::kLeaseExpired, what);
+    count_failure(l.epoch_slot, l.position, what);
+  }
+}
+
+Result<IndexReply> Run::next_index(SetKind set) {
+  expire_leases();
+  const auto& slot = latest_of_set_[static_cast<int>(set)];
+  if (!slot) {
+    return failed_precondition("no " + std::string(set_name(set)) + " epoch has started yet in run " +
+                               config_.name);
+  }
+  Epoch& e = epochs_[*slot];
+  IndexReply r{e.plan.epoch, e.next_index++, std::nullopt};
+  if (r.position < e.set_batches) r.batch = order_of(e.plan.epoch, set).batch_at(r.position);
+  return r;
+}
+
+void Run::cancel(std::string reason) { finish(RunState::kCancelled, std::move(reason)); }
+
+}  // namespace traincoord

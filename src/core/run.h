@@ -1,0 +1,290 @@
+// One training run: its epochs of jobs, the leases that hand jobs to workers, the aggregation
+// of losses and the early-stop decision. Pure and single-threaded: time comes from the injected
+// clock, and nothing here touches a socket or a file.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/batch_order.h"
+#include "core/clock.h"
+#include "core/early_stop.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/run_config.h"
+
+namespace traincoord {
+
+using WorkerId = uint32_t;
+using LeaseId = uint64_t;  // issued 1, 2, 3, ... per run; 0 is never a lease
+
+enum class RunState : uint8_t { kRunning, kCompleted, kEarlyStopped, kCancelled, kFailed };
+std::string_view run_state_name(RunState state);
+
+struct Metric {
+  std::string name;
+  double value = 0;
+};
+
+// What a worker reports for a finished job.
+struct Completion {
+  double loss = 0;       // may be non-finite: then counted and reported, never averaged in
+  uint64_t samples = 0;  // the weight of the loss in the epoch's mean
+  std::vector<Metric> metrics;
+};
+
+// A job as handed to a worker, under a lease.
+struct Job {
+  LeaseId lease = 0;
+  uint32_t attempt = 0;  // 1 for the first hand-out of the job
+  TimeMs deadline = 0;   // the lease runs out then unless a heartbeat extends it
+  int64_t epoch = 0;
+  SetKind set = SetKind::kTrain;
+  uint64_t index = 0;          // the job's place in its epoch: 0 .. jobs_in_epoch - 1
+  uint64_t jobs_in_epoch = 0;  // jobs of a whole epoch of the set
+  BatchSpan positions;         // positions in the epoch's order; Run::order_of maps them to batches
+};
+
+enum class AcquireStatus : uint8_t { kJob, kWait, kFinished };
+
+struct Acquired {
+  AcquireStatus status = AcquireStatus::kWait;
+  Job job;                    // when kJob
+  TimeMs retry_after_ms = 0;  // when kWait: when it is worth asking again
+  RunState state = RunState::kRunning;  // when kFinished: how the run ended
+};
+
+enum class CompletionOutcome : uint8_t {
+  kAccepted,    // counted: the first valid completion of the job
+  kDuplicate,   // this lease's completion was already counted; nothing changed
+  kSuperseded,  // another lease of the same job completed first; not counted
+  kGivenUp,     // the lease was given back (failure report, worker left); not counted
+  kJobFailed,   // the job had been given up after max_attempts; not counted
+  kStale,       // a lease too old to remember (beyond lease_history); not counted
+};
+std::string_view completion_outcome_name(CompletionOutcome outcome);
+
+struct Completed {
+  CompletionOutcome outcome = CompletionOutcome::kAccepted;
+  bool counted() const { return outcome == CompletionOutcome::kAccepted; }
+};
+
+struct NextJob {
+  Completed completed;
+  Acquired next;
+};
+
+// One epoch of one set, as opened by the run.
+struct Epoch {
+  EpochPlan plan;
+  uint64_t set_batches = 0;
+  TimeMs opened_at = 0;
+  std::optional<TimeMs> closed_at;
+
+  uint64_t done = 0;    // jobs completed
+  uint64_t failed = 0;  // jobs given up after max_attempts (skip policy)
+  uint64_t leased = 0;  // jobs under a live lease now
+  std::vector<uint64_t> failed_jobs;
+
+  // Aggregates of the counted completions.
+  double weighted_loss = 0;  // sum of loss * samples over finite losses
+  uint64_t samples = 0;      // sum of samples over finite losses
+  double plain_loss = 0;     // sum of finite losses
+  uint64_t finite_jobs = 0;
+  uint64_t nonfinite_jobs = 0;
+  struct MetricSum {
+    std::string name;
+    double weighted = 0;
+    uint64_t samples = 0;
+    double plain = 0;
+    uint64_t count = 0;
+  };
+  std::vector<MetricSum> metrics;
+  double loss = 0;  // the epoch loss; set when it closes (NaN when no job loss was finite)
+
+  uint64_t next_index = 0;  // the compatibility next_index counter of this epoch
+
+  bool closed() const { return closed_at.has_value(); }
+  uint64_t open_jobs() const { return (plan.end_job - cursor) + requeue.size(); }
+  uint64_t resolved() const { return done + failed; }
+  // The mean of a named metric over the epoch's counted completions (NaN when none).
+  double metric(std::string_view name, bool sample_weighted) const;
+
+  // Tracking of the jobs still in play; O(jobs in flight), never O(epoch size). A job at a
+  // position below `cursor` that is not in `active` has been resolved (done or failed).
+  struct ActiveJob {
+    uint32_t handouts = 0;            // how often the job was handed out
+    uint32_t failures = 0;            // attempts that expired or were reported failed
+    LeaseId live = 0;                 // its live lease, or 0
+    std::vector<LeaseId> expired;     // expired leases whose late completion may still win
+  };
+  uint64_t cursor = 0;  // next position never handed out
+  std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
+  std::unordered_map<uint64_t, ActiveJob> active;
+};
+
+struct WorkerInfo {
+  std::string name;
+  TimeMs joined_at = 0;
+  TimeMs last_seen = 0;
+  bool active = true;
+  uint64_t jobs_done = 0;
+  std::vector<LeaseId> leases;  // live leases it holds
+};
+
+struct RunCounters {
+  uint64_t handouts = 0;
+  uint64_t rehandouts = 0;  // hand-outs of a job after an earlier attempt
+  uint64_t lease_expiries = 0;
+  uint64_t completions_accepted = 0;
+  uint64_t completions_duplicate = 0;  // duplicate, superseded, given up, job failed, stale
+  uint64_t completions_foreign = 0;    // another worker's lease: refused
+  uint64_t completions_unknown = 0;    // a lease never issued: refused
+  uint64_t failure_reports = 0;
+  uint64_t jobs_failed = 0;
+  uint64_t nonfinite_losses = 0;
+};
+
+enum class EventKind : uint8_t {
+  kEpochOpened,
+  kEpochClosed,
+  kLeaseExpired,
+  kJobFailed,
+  kWorkerJoined,
+  kWorkerLeft,
+  kEarlyStopped,
+  kRunFinished,
+};
+std::string_view event_kind_name(EventKind kind);
+
+struct Event {
+  uint64_t seq = 0;
+  TimeMs time = 0;
+  EventKind kind = EventKind::kEpochOpened;
+  std::string text;
+};
+
+struct IndexReply {
+  int64_t epoch = 0;
+  uint64_t position = 0;
+  std::optional<uint64_t> batch;  // the batch at that position, while inside the set
+};
+
+class Run {
+ public:
+  // REQUIRES: validate(config) succeeded. `clock` outlives the run.
+  Run(RunConfig config, const Clock& clock);
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  const RunConfig& config() const { return config_; }
+  const Plan& plan() const { return plan_; }
+  RunState state() const { return state_; }
+  const std::string& state_reason() const { return state_reason_; }
+  bool finished() const { return state_ != RunState::kRunning; }
+
+  // A worker joins (or rejoins) under a stable name; the same name gives the same id.
+  WorkerId join(std::string_view name);
+  // The worker leaves: its live leases are given back at once (not counted as failures).
+  Result<void> leave(WorkerId worker);
+
+  // Hands the worker a job, asks it to wait (nothing open now, e.g. at an epoch barrier), or
+  // says the run is finished. Fails only for an unknown worker.
+  Result<Acquired> acquire(WorkerId worker);
+  // Reports a finished job. Fails for an unknown worker, a lease never issued (kNotFound), or
+  // a lease of another worker (kConflict); a repeated or late completion is not an error.
+  Result<Completed> complete(WorkerId worker, LeaseId lease, const Completion& completion);
+  // complete + acquire in one call.
+  Result<NextJob> next_job(WorkerId worker, LeaseId lease, const Completion& completion);
+  // Extends every live lease of the worker; returns the leases it still holds.
+  Result<std::vector<LeaseId>> heartbeat(WorkerId worker);
+  // The worker gives up a job it could not do; it counts as a failed attempt.
+  Result<void> fail(WorkerId worker, LeaseId lease, std::string_view reason);
+  // The compatibility counter: the next position of the latest opened epoch of `set`.
+  Result<IndexReply> next_index(SetKind set);
+  // Ends the run; nothing more is handed out. No effect on a finished run.
+  void cancel(std::string reason);
+  // Returns every lease whose deadline has passed to the open queue (every call does this).
+  void expire_leases();
+
+  // The order of an epoch: maps a job's positions to batch indices.
+  EpochOrder order_of(int64_t epoch, SetKind set) const;
+  // Appends the batch indices of `job` to `out`.
+  void batches_of(const Job& job, std::vector<uint64_t>* out) const;
+
+  const std::vector<Epoch>& epochs() const { return epochs_; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  const EarlyStopRule& early_stop() const { return early_stop_; }
+  const RunCounters& counters() const { return counters_; }
+  // The jobs the whole run will hand out if it is not stopped early.
+  uint64_t planned_jobs() const;
+  // Recent events, oldest first, at most kEventsKept; seq grows by one per event.
+  const std::deque<Event>& events() const { return events_; }
+  static constexpr size_t kEventsKept = 1024;
+
+ private:
+  struct Lease {
+    WorkerId worker;
+    uint32_t epoch_slot;  // index into epochs_
+    uint64_t position;
+    uint32_t attempt;
+    TimeMs deadline;
+    bool live;
+    std::list<LeaseId>::iterator order;  // in live_order_ while live
+  };
+  struct Resolved {  // what became of a lease that no longer lives in leases_
+    LeaseId lease = 0;
+    WorkerId worker = 0;
+    CompletionOutcome outcome = CompletionOutcome::kStale;
+  };
+
+  Result<WorkerInfo*> worker_of(WorkerId worker);
+  bool take_open_job(WorkerId worker, Acquired* out);
+  Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
+  bool open_next_epoch();
+  void close_epoch(uint32_t epoch_slot);
+  void judge_dev_epochs();
+  void advance();
+  void finish(RunState state, std::string reason);
+  void unlink_live(LeaseId id, Lease& lease);
+  void resolve(std::unordered_map<LeaseId, Lease>::iterator it, CompletionOutcome outcome);
+  void count_completion(Epoch& epoch, const Completion& completion);
+  void count_failure(uint32_t epoch_slot, uint64_t position, const std::string& why);
+  void remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome);
+  void emit(EventKind kind, std::string text);
+  TimeMs retry_hint() const;
+
+  RunConfig config_;
+  Plan plan_;
+  const Clock& clock_;
+  RunState state_ = RunState::kRunning;
+  std::string state_reason_;
+  EarlyStopRule early_stop_;
+
+  std::vector<Epoch> epochs_;          // every epoch opened, in opening order
+  std::vector<uint32_t> running_;      // slots of the epochs not closed yet, in opening order
+  std::deque<uint32_t> dev_to_judge_;  // dev epochs whose result early stopping has not seen
+  int64_t next_epoch_ = 0;             // the schedule: the next epoch to open ...
+  bool next_is_dev_ = false;           // ... and whether it is its dev part
+  std::optional<uint32_t> latest_of_set_[2];
+
+  std::vector<WorkerInfo> workers_;
+  std::unordered_map<std::string, WorkerId> worker_ids_;
+
+  LeaseId last_lease_ = 0;
+  std::unordered_map<LeaseId, Lease> leases_;  // live and expired-unresolved leases
+  std::list<LeaseId> live_order_;  // live leases, soonest deadline first (one timeout per run)
+  std::vector<Resolved> history_;  // a ring, slot lease % lease_history
+
+  RunCounters counters_;
+  std::deque<Event> events_;
+  uint64_t event_seq_ = 0;
+};
+
+}  // namespace traincoord

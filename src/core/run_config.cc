@@ -1,0 +1,100 @@
+#include "core/run_config.h"
+
+#include <cmath>
+#include <string>
+
+namespace traincoord {
+
+namespace {
+
+Result<void> require(bool ok, const char* field, std::string message) {
+  if (ok) return {};
+  return invalid_argument(field, std::string(field) + ": " + message);
+}
+
+}  // namespace
+
+Result<void> validate(const RunConfig& c) {
+  if (auto r = require(!c.name.empty(), "name", "a run needs a name"); !r) return r;
+  if (auto r = require(c.name.size() <= 128, "name", "at most 128 characters"); !r) return r;
+  for (char ch : c.name) {
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '-' || ch == '_' || ch == '.';
+    if (!ok) return invalid_argument("name", "name: use letters, digits, '-', '_' and '.' only");
+  }
+  if (auto r = require(c.train_batches >= 1, "data.train_batches",
+                       "the training set must hold at least one batch");
+      !r)
+    return r;
+  if (auto r = require(c.gpus_per_worker >= 1, "schedule.gpus_per_worker", "must be at least 1"); !r)
+    return r;
+  if (auto r = require(c.iters_per_worker >= 0, "schedule.iters_per_worker", "must not be negative"); !r)
+    return r;
+  if (auto r = require(c.replicas_to_agg >= 0, "schedule.replicas_to_agg", "must not be negative"); !r)
+    return r;
+  if (auto r = require(c.validation_every >= 0, "schedule.validation_every",
+                       "must not be negative (0 turns validation off)");
+      !r)
+    return r;
+  if (auto r = require(c.validation_every == 0 || c.dev_batches >= 1, "data.dev_batches",
+                       "validation_every > 0 needs a dev set of at least one batch");
+      !r)
+    return r;
+  if (auto r = require(c.lease_timeout_ms >= 1, "leases.timeout", "must be positive"); !r)
+    return r;
+  if (auto r = require(c.max_attempts >= 1, "leases.max_attempts", "must be at least 1"); !r) return r;
+  if (auto r = require(c.lease_history >= 1, "leases.history", "must be at least 1"); !r) return r;
+  if (auto r = require(c.epochs >= -1'000'000 && c.epochs <= 1'000'000, "schedule.epochs",
+                       "must be between -1000000 and 1000000");
+      !r)
+    return r;
+
+  const EarlyStopConfig& es = c.early_stop;
+  if (es.kind != EarlyStopKind::kNone) {
+    if (auto r = require(c.validation_every > 0, "early_stop.rule",
+                         "early stopping needs validation (set validation_every > 0)");
+        !r)
+      return r;
+  }
+  if (es.kind == EarlyStopKind::kWindow) {
+    if (auto r = require(es.window.window >= 2, "early_stop.window",
+                         "must be at least 2: the rule compares the latest dev loss with the "
+                         "window - 1 before it");
+        !r)
+      return r;
+    if (auto r = require(std::isfinite(es.window.mean_threshold) && es.window.mean_threshold >= 0,
+                         "early_stop.mean_threshold", "must be a finite number >= 0");
+        !r)
+      return r;
+    if (auto r = require(std::isfinite(es.window.std_threshold) && es.window.std_threshold >= 0,
+                         "early_stop.std_threshold", "must be a finite number >= 0");
+        !r)
+      return r;
+  }
+  if (es.kind == EarlyStopKind::kPatience) {
+    const PatienceRuleConfig& p = es.patience;
+    if (auto r = require(!p.monitor.empty(), "early_stop.monitor", "must name 'loss' or a metric");
+        !r)
+      return r;
+    if (auto r = require(p.patience >= 1, "early_stop.patience", "must be at least 1"); !r)
+      return r;
+    if (auto r = require(std::isfinite(p.min_delta) && p.min_delta >= 0, "early_stop.min_delta",
+                         "must be a finite number >= 0");
+        !r)
+      return r;
+    auto finite_if_set = [](const std::optional<double>& v) { return !v || std::isfinite(*v); };
+    if (auto r = require(finite_if_set(p.baseline), "early_stop.baseline", "must be finite"); !r)
+      return r;
+    if (auto r = require(finite_if_set(p.stopping_threshold), "early_stop.stopping_threshold",
+                         "must be finite");
+        !r)
+      return r;
+    if (auto r = require(finite_if_set(p.divergence_threshold), "early_stop.divergence_threshold",
+                         "must be finite");
+        !r)
+      return r;
+  }
+  return {};
+}
+
+}  // namespace traincoord

@@ -1,0 +1,79 @@
+// The configuration of one training run, as the core sees it (already parsed).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+
+namespace traincoord {
+
+enum class BatchOrder { kSequential, kShuffled };
+enum class JobFailurePolicy { kFailRun, kSkip };
+enum class EarlyStopKind { kNone, kWindow, kPatience };
+enum class MonitorMode { kMin, kMax };
+
+// The original coordinator's rule: stop when the latest dev loss exceeds the maximum of the
+// previous n-1, or when it is within mean_threshold of their mean while their std is below
+// std_threshold.
+struct WindowRuleConfig {
+  int window = 4;  // n, the number of dev losses looked at; at least 2
+  double mean_threshold = 0.5;
+  double std_threshold = 0.5;
+};
+
+// The Keras / Lightning EarlyStopping rule.
+struct PatienceRuleConfig {
+  std::string monitor = "loss";  // "loss" or the name of a metric that dev completions report
+  MonitorMode mode = MonitorMode::kMin;
+  double min_delta = 0.0;  // at least 0
+  int patience = 3;        // at least 1
+  std::optional<double> baseline;
+  std::optional<double> stopping_threshold;
+  std::optional<double> divergence_threshold;
+  bool check_finite = true;
+};
+
+struct EarlyStopConfig {
+  EarlyStopKind kind = EarlyStopKind::kNone;
+  WindowRuleConfig window;
+  PatienceRuleConfig patience;
+};
+
+struct RunConfig {
+  std::string name;
+
+  // Sizes of the sets, in batches.
+  uint64_t train_batches = 0;
+  uint64_t dev_batches = 0;
+  uint64_t batch_size = 0;  // optional (0: unknown); only used to report samples
+
+  BatchOrder order = BatchOrder::kShuffled;
+  uint64_t seed = 0;
+
+  int gpus_per_worker = 1;   // G
+  int iters_per_worker = 1;  // I
+  int replicas_to_agg = 1;   // R
+  int64_t epochs = 1;        // E; negative: |E| more than the start epoch
+  int validation_every = 1;  // V; 0: never validate
+  uint64_t start_step = 0;   // S, the global step of a loaded checkpoint
+
+  bool seed_compat = false;     // reproduce the original coordinator exactly
+  bool overlap_epochs = false;  // start the next epoch while stragglers finish
+
+  int64_t lease_timeout_ms = 60'000;
+  int max_attempts = 3;
+  JobFailurePolicy on_job_failure = JobFailurePolicy::kFailRun;
+
+  EarlyStopConfig early_stop;
+
+  // How many resolved leases are remembered to answer repeated completions with their
+  // original outcome (and to catch another worker's lease). Older ones are answered as stale.
+  uint32_t lease_history = 1u << 16;
+};
+
+// Returns the first problem with `config`, naming its field, or nothing when it is valid.
+Result<void> validate(const RunConfig& config);
+
+}  // namespace traincoord
