@@ -1,1 +1,437 @@
+#include "core/run.h"
+
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "core/engine.h"
+
+namespace traincoord {
+namespace {
+
+RunConfig small_config() {
+  RunConfig c;
+  c.name = "small";
+  c.train_batches = 4;
+  c.dev_batches = 2;
+  c.order = BatchOrder::kSequential;
+  c.epochs = 2;
+  c.validation_every = 1;
+  c.lease_timeout_ms = 1000;
+  return c;
+}
+
+Completion loss_of(double loss, uint64_t samples = 1) {
+  Completion c;
+  c.loss = loss;
+  c.samples = samples;
+  return c;
+}
+
+class RunTest : public ::testing::Test {
+ protected:
+  Job take(traincoord::Run& run, WorkerId w) {
+    auto a = run.acquire(w);
+    EXPECT_TRUE(a.has_value());
+    EXPECT_EQ(a->status, AcquireStatus::kJob);
+    return a->job;
+  }
+  void finish_job(traincoord::Run& run, WorkerId w, const Job& job, double loss = 1.0) {
+    auto c = run.complete(w, job.lease, loss_of(loss));
+    ASSERT_TRUE(c.has_value()) << c.error().message;
+    EXPECT_EQ(c->outcome, CompletionOutcome::kAccepted);
+  }
+  ManualClock clock_;
+};
+
+TEST_F(RunTest, HandsOutEveryJobOfTheEpochInOrderThenValidates) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  std::vector<std::pair<SetKind, uint64_t>> order;
+  for (int i = 0; i < 12; ++i) {
+    auto a = run.acquire(w);
+    ASSERT_TRUE(a);
+    if (a->status != AcquireStatus::kJob) break;
+    order.emplace_back(a->job.set, a->job.index);
+    finish_job(run, w, a->job);
+  }
+  const std::vector<std::pair<SetKind, uint64_t>> expected = {
+      {SetKind::kTrain, 0}, {SetKind::kTrain, 1}, {SetKind::kTrain, 2}, {SetKind::kTrain, 3},
+      {SetKind::kDev, 0},   {SetKind::kDev, 1},   {SetKind::kTrain, 0}, {SetKind::kTrain, 1},
+      {SetKind::kTrain, 2}, {SetKind::kTrain, 3}, {SetKind::kDev, 0},   {SetKind::kDev, 1}};
+  EXPECT_EQ(order, expected);
+  EXPECT_EQ(run.state(), RunState::kCompleted);
+  auto last = run.acquire(w);
+  EXPECT_EQ(last->status, AcquireStatus::kFinished);
+  EXPECT_EQ(last->state, RunState::kCompleted);
+}
+
+TEST_F(RunTest, WaitsAtTheEpochBarrierUntilStragglersFinish) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId a = run.join("a"), b = run.join("b");
+  std::vector<Job> held;
+  for (int i = 0; i < 3; ++i) held.push_back(take(run, a));
+  const Job straggler = take(run, b);
+  for (const Job& j : held) finish_job(run, a, j);
+  auto wait = run.acquire(a);
+  EXPECT_EQ(wait->status, AcquireStatus::kWait);
+  EXPECT_GT(wait->retry_after_ms, 0);
+  finish_job(run, b, straggler);
+  const Job dev = take(run, a);
+  EXPECT_EQ(dev.set, SetKind::kDev);  // validation sees the finished train epoch
+}
+
+TEST_F(RunTest, OverlapModeStartsTheNextEpochWhileStragglersFinish) {
+  RunConfig c = small_config();
+  c.overlap_epochs = true;
+  c.validation_every = 0;
+  c.dev_batches = 0;
+  traincoord::Run run(c, clock_);
+  const WorkerId a = run.join("a");
+  std::vector<Job> held;
+  for (int i = 0; i < 5; ++i) held.push_back(take(run, a));
+  EXPECT_EQ(held[4].epoch, 1);
+  EXPECT_EQ(held[4].index, 0u);
+}
+
+TEST_F(RunTest, SeedCompatHandsOutTrainJobsBeforeTheSameEpochsDevJobs) {
+  RunConfig c = small_config();
+  c.seed_compat = true;
+  traincoord::Run run(c, clock_);
+  const WorkerId a = run.join("a");
+  std::vector<std::pair<int64_t, SetKind>> order;
+  for (int i = 0; i < 8; ++i) {
+    const Job j = take(run, a);
+    order.emplace_back(j.epoch, j.set);
+  }
+  const std::vector<std::pair<int64_t, SetKind>> expected = {
+      {0, SetKind::kTrain}, {0, SetKind::kTrain}, {0, SetKind::kTrain}, {0, SetKind::kTrain},
+      {0, SetKind::kDev},   {0, SetKind::kDev},   {1, SetKind::kTrain}, {1, SetKind::kTrain}};
+  EXPECT_EQ(order, expected);
+}
+
+TEST_F(RunTest, AnExpiredLeaseHandsTheJobToAnotherWorkerFirst) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId dead = run.join("dead"), live = run.join("live");
+  const Job lost = take(run, dead);
+  clock_.advance(1001);
+  const Job again = take(run, live);
+  EXPECT_EQ(again.index, lost.index);
+  EXPECT_EQ(again.attempt, 2u);
+  EXPECT_NE(again.lease, lost.lease);
+  EXPECT_EQ(run.counters().lease_expiries, 1u);
+  EXPECT_EQ(run.counters().rehandouts, 1u);
+}
+
+TEST_F(RunTest, HeartbeatsKeepALeaseAlive) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w"), other = run.join("other");
+  const Job held = take(run, w);
+  for (int i = 0; i < 5; ++i) {
+    clock_.advance(800);
+    auto leases = run.heartbeat(w);
+    ASSERT_TRUE(leases);
+    EXPECT_EQ(*leases, std::vector<LeaseId>{held.lease});
+  }
+  const Job next = take(run, other);
+  EXPECT_NE(next.index, held.index);
+  EXPECT_EQ(run.counters().lease_expiries, 0u);
+}
+
+TEST_F(RunTest, ALateCompletionOfAnExpiredLeaseWinsAndSupersedesTheNewLease) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId slow = run.join("slow"), fresh = run.join("fresh");
+  const Job first = take(run, slow);
+  clock_.advance(1001);
+  const Job second = take(run, fresh);
+  ASSERT_EQ(second.index, first.index);
+  finish_job(run, slow, first, 2.0);
+  auto dup = run.complete(fresh, second.lease, loss_of(3.0));
+  ASSERT_TRUE(dup);
+  EXPECT_EQ(dup->outcome, CompletionOutcome::kSuperseded);
+  EXPECT_EQ(run.epochs()[0].done, 1u);
+  EXPECT_TRUE(run.heartbeat(fresh)->empty());
+}
+
+TEST_F(RunTest, ARepeatedCompletionIsAnsweredIdempotentlyAndNotCountedTwice) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  const Job job = take(run, w);
+  finish_job(run, w, job, 1.0);
+  auto again = run.complete(w, job.lease, loss_of(100.0));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->outcome, CompletionOutcome::kDuplicate);
+  EXPECT_FALSE(again->counted());
+  EXPECT_EQ(run.epochs()[0].done, 1u);
+  EXPECT_DOUBLE_EQ(run.epochs()[0].plain_loss, 1.0);
+}
+
+TEST_F(RunTest, CompletingAnotherWorkersLeaseIsAConflict) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId owner = run.join("owner"), thief = run.join("thief");
+  const Job job = take(run, owner);
+  auto r = run.complete(thief, job.lease, loss_of(1.0));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, ErrorCode::kConflict);
+  EXPECT_NE(r.error().message.find("owner"), std::string::npos);
+  finish_job(run, owner, job);
+  auto after = run.complete(thief, job.lease, loss_of(1.0));  // also once resolved
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error().code, ErrorCode::kConflict);
+}
+
+TEST_F(RunTest, CompletingAnUnknownLeaseIsNotFound) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  auto r = run.complete(w, 999, loss_of(1.0));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(run.complete(42, 1, loss_of(1.0)).error().code, ErrorCode::kNotFound);
+}
+
+TEST_F(RunTest, AJobThatExpiresMaxAttemptsTimesFailsTheRun) {
+  RunConfig c = small_config();
+  c.max_attempts = 2;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  take(run, w);
+  clock_.advance(1001);
+  const Job second = take(run, w);
+  EXPECT_EQ(second.attempt, 2u);
+  clock_.advance(1001);
+  auto a = run.acquire(w);
+  EXPECT_EQ(a->status, AcquireStatus::kFinished);
+  EXPECT_EQ(run.state(), RunState::kFailed);
+  EXPECT_NE(run.state_reason().find("job 0 of train epoch 0 failed 2 times"), std::string::npos);
+}
+
+TEST_F(RunTest, SkipPolicyClosesTheEpochWithoutTheFailedJobAndSaysSo) {
+  RunConfig c = small_config();
+  c.max_attempts = 1;
+  c.on_job_failure = JobFailurePolicy::kSkip;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const Job bad = take(run, w);
+  ASSERT_TRUE(run.fail(w, bad.lease, "CUDA out of memory"));
+  for (int i = 0; i < 3; ++i) finish_job(run, w, take(run, w));
+  const Epoch& e = run.epochs()[0];
+  EXPECT_TRUE(e.closed());
+  EXPECT_EQ(e.failed_jobs, std::vector<uint64_t>{0});
+  EXPECT_EQ(run.state(), RunState::kRunning);
+  EXPECT_EQ(run.events().back().kind, EventKind::kEpochOpened);
+  bool reported = false;
+  for (const Event& ev : run.events()) {
+    reported |= ev.kind == EventKind::kJobFailed &&
+                ev.text.find("CUDA out of memory") != std::string::npos;
+  }
+  EXPECT_TRUE(reported);
+}
+
+TEST_F(RunTest, AWorkerThatLeavesHandsItsJobBackWithoutAFailedAttempt) {
+  RunConfig c = small_config();
+  c.max_attempts = 1;
+  traincoord::Run run(c, clock_);
+  const WorkerId quitter = run.join("quitter"), other = run.join("other");
+  const Job job = take(run, quitter);
+  ASSERT_TRUE(run.leave(quitter));
+  const Job again = take(run, other);
+  EXPECT_EQ(again.index, job.index);
+  EXPECT_EQ(run.state(), RunState::kRunning);
+  auto late = run.complete(quitter, job.lease, loss_of(1.0));
+  EXPECT_EQ(late->outcome, CompletionOutcome::kGivenUp);
+}
+
+TEST_F(RunTest, EpochLossIsTheSampleWeightedMeanAndNonFiniteLossesAreCountedApart) {
+  RunConfig c = small_config();
+  c.validation_every = 0;
+  c.epochs = 1;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const double losses[] = {1.0, 3.0, NAN, 5.0};
+  const uint64_t samples[] = {1, 3, 7, 0};
+  for (int i = 0; i < 4; ++i) {
+    const Job j = take(run, w);
+    ASSERT_TRUE(run.complete(w, j.lease, loss_of(losses[i], samples[i])));
+  }
+  const Epoch& e = run.epochs()[0];
+  EXPECT_DOUBLE_EQ(e.loss, (1.0 * 1 + 3.0 * 3 + 5.0 * 0) / 4.0);
+  EXPECT_EQ(e.nonfinite_jobs, 1u);
+  EXPECT_EQ(run.counters().nonfinite_losses, 1u);
+}
+
+TEST_F(RunTest, SeedCompatEpochLossIsThePlainMean) {
+  RunConfig c = small_config();
+  c.validation_every = 0;
+  c.epochs = 1;
+  c.seed_compat = true;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  for (double loss : {1.0, 2.0, 3.0, 6.0}) {
+    const Job j = take(run, w);
+    ASSERT_TRUE(run.complete(w, j.lease, loss_of(loss, loss == 6.0 ? 100 : 1)));
+  }
+  EXPECT_DOUBLE_EQ(run.epochs()[0].loss, 3.0);
+}
+
+TEST_F(RunTest, EarlyStopDecidesOnTheDevEpochThatJustFinished) {
+  RunConfig c = small_config();
+  c.epochs = 10;
+  c.early_stop.kind = EarlyStopKind::kPatience;
+  c.early_stop.patience.patience = 1;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const double dev_loss[] = {1.0, 0.5, 0.7};
+  int dev_epochs = 0;
+  while (true) {
+    auto a = run.acquire(w);
+    if (a->status != AcquireStatus::kJob) break;
+    const double loss = a->job.set == SetKind::kDev ? dev_loss[a->job.epoch] : 2.0;
+    ASSERT_TRUE(run.complete(w, a->job.lease, loss_of(loss)));
+    if (a->job.set == SetKind::kDev && a->job.index == 1) ++dev_epochs;
+  }
+  EXPECT_EQ(run.state(), RunState::kEarlyStopped);
+  EXPECT_EQ(dev_epochs, 3);  // no train job of epoch 3 was handed out
+  EXPECT_EQ(run.early_stop().state().best_epoch, 1);
+  EXPECT_EQ(run.early_stop().state().stopped_at_epoch, 2);
+  EXPECT_NE(run.state_reason().find("best epoch 1"), std::string::npos);
+}
+
+TEST_F(RunTest, PatienceCanMonitorAReportedMetric) {
+  RunConfig c = small_config();
+  c.epochs = 10;
+  c.early_stop.kind = EarlyStopKind::kPatience;
+  c.early_stop.patience.patience = 1;
+  c.early_stop.patience.monitor = "accuracy";
+  c.early_stop.patience.mode = MonitorMode::kMax;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const double accuracy[] = {0.5, 0.6, 0.55};
+  while (true) {
+    auto a = run.acquire(w);
+    if (a->status != AcquireStatus::kJob) break;
+    Completion done = loss_of(1.0);
+    done.metrics.push_back({"accuracy", accuracy[a->job.epoch]});
+    ASSERT_TRUE(run.complete(w, a->job.lease, done));
+  }
+  EXPECT_EQ(run.state(), RunState::kEarlyStopped);
+  EXPECT_EQ(run.early_stop().state().best_epoch, 1);
+}
+
+TEST_F(RunTest, ResumedRunStartsInTheCheckpointsEpochAndSkipsTrainedJobs) {
+  RunConfig c = small_config();
+  c.start_step = 6;  // 4 steps per epoch: epoch 1, 2 jobs in
+  c.epochs = 2;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const Job first = take(run, w);
+  EXPECT_EQ(first.epoch, 1);
+  EXPECT_EQ(first.index, 2u);
+  EXPECT_EQ(run.planned_jobs(), 2u + 2u);
+}
+
+TEST_F(RunTest, TargetAlreadyReachedFinishesAtOnce) {
+  RunConfig c = small_config();
+  c.start_step = 8;  // epoch 2
+  c.epochs = 2;
+  traincoord::Run run(c, clock_);
+  EXPECT_EQ(run.state(), RunState::kCompleted);
+  EXPECT_NE(run.state_reason().find("already reached"), std::string::npos);
+  const WorkerId w = run.join("w");
+  EXPECT_EQ(run.acquire(w)->status, AcquireStatus::kFinished);
+}
+
+TEST_F(RunTest, NextIndexCountsPerSetAndEpochAndNeverResetsUnderRunningJobs) {
+  RunConfig c = small_config();
+  c.overlap_epochs = true;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  EXPECT_EQ(run.next_index(SetKind::kTrain)->position, 0u);
+  EXPECT_EQ(run.next_index(SetKind::kTrain)->position, 1u);
+  EXPECT_EQ(run.next_index(SetKind::kDev).error().code, ErrorCode::kFailedPrecondition);
+  for (int i = 0; i < 6; ++i) take(run, w);  // train 0 and dev 0 handed out, still running
+  EXPECT_EQ(run.next_index(SetKind::kDev)->position, 0u);
+  take(run, w);  // opens train epoch 1 while epoch 0's jobs still run
+  auto idx = run.next_index(SetKind::kTrain);
+  EXPECT_EQ(idx->epoch, 1);
+  EXPECT_EQ(idx->position, 0u);
+  EXPECT_EQ(run.epochs()[0].next_index, 2u);  // epoch 0's counter was not reset
+}
+
+TEST_F(RunTest, JobsCarryTheirBatchIndicesInTheEpochsOrder) {
+  RunConfig c = small_config();
+  c.order = BatchOrder::kShuffled;
+  c.train_batches = 10;
+  c.iters_per_worker = 3;
+  c.validation_every = 0;
+  c.epochs = 1;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  std::multiset<uint64_t> seen;
+  for (int i = 0; i < 4; ++i) {
+    const Job j = take(run, w);
+    std::vector<uint64_t> batches;
+    run.batches_of(j, &batches);
+    EXPECT_EQ(batches.size(), i < 3 ? 3u : 1u);  // the last job is shorter
+    seen.insert(batches.begin(), batches.end());
+  }
+  EXPECT_EQ(seen, (std::multiset<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST_F(RunTest, CancelEndsTheRun) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  run.cancel("user asked");
+  auto a = run.acquire(w);
+  EXPECT_EQ(a->status, AcquireStatus::kFinished);
+  EXPECT_EQ(a->state, RunState::kCancelled);
+}
+
+TEST_F(RunTest, ABillionBatchEpochNeedsMemoryOnlyForJobsInFlight) {
+  RunConfig c = small_config();
+  c.train_batches = 1'000'000'000;
+  c.validation_every = 0;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  for (int i = 0; i < 1000; ++i) take(run, w);
+  EXPECT_EQ(run.epochs()[0].active.size(), 1000u);
+  EXPECT_EQ(run.epochs()[0].open_jobs(), 1'000'000'000u - 1000u);
+}
+
+TEST(Engine, HoldsIndependentRunsAndRefusesDuplicateNames) {
+  ManualClock clock;
+  Engine engine(clock);
+  RunConfig a = small_config();
+  a.name = "a";
+  RunConfig b = small_config();
+  b.name = "b";
+  b.train_batches = 8;
+  ASSERT_TRUE(engine.create_run(a));
+  ASSERT_TRUE(engine.create_run(b));
+  auto dup = engine.create_run(a);
+  ASSERT_FALSE(dup);
+  EXPECT_EQ(dup.error().code, ErrorCode::kConflict);
+  traincoord::Run* ra = *engine.find("a");
+  traincoord::Run* rb = *engine.find("b");
+  EXPECT_EQ(ra->plan().train_jobs_per_epoch, 4u);
+  EXPECT_EQ(rb->plan().train_jobs_per_epoch, 8u);
+  ASSERT_TRUE(engine.cancel_run("a", "sweep pruned"));
+  EXPECT_EQ(ra->state(), RunState::kCancelled);
+  EXPECT_EQ(rb->state(), RunState::kRunning);
+  EXPECT_EQ(engine.find("zzz").error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(engine.runs().size(), 2u);
+}
+
+TEST(Engine, RefusesAnInvalidConfigNamingTheField) {
+  ManualClock clock;
+  Engine engine(clock);
+  RunConfig c = small_config();
+  c.gpus_per_worker = 0;
+  auto r = engine.create_run(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().field, "schedule.gpus_per_worker");
+}
+
+}  // namespace
+}  // namespace traincoord
