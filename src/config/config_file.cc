@@ -135,6 +135,12 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
   TC_TRY(t.integer("train_samples", 1, kMaxCount, &train_samples));
   TC_TRY(t.integer("dev_samples", 0, kMaxCount, &dev_samples));
   TC_TRY(t.integer("batch_size", 1, kMaxCount, &batch_size));
+  int order = c->order == BatchOrder::kSequential ? 0 : 1;
+  TC_TRY(t.choice("order", {"sequential", "shuffled"}, &order));
+  c->order = order == 0 ? BatchOrder::kSequential : BatchOrder::kShuffled;
+  TC_TRY(t.integer_as("seed", 0, std::numeric_limits<int64_t>::max(), &c->seed));
+  TC_TRY(t.no_unknown_keys());  // a misspelt key says so before anything is found missing
+
   auto batches = [&](int64_t samples) {
     return static_cast<uint64_t>((samples + batch_size - 1) / batch_size);
   };
@@ -154,11 +160,7 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
   c->train_batches = train_samples >= 0 ? batches(train_samples) : train_batches;
   c->dev_batches = dev_samples >= 0 ? batches(dev_samples) : std::max<int64_t>(0, dev_batches);
   c->batch_size = static_cast<uint64_t>(batch_size);
-  int order = c->order == BatchOrder::kSequential ? 0 : 1;
-  TC_TRY(t.choice("order", {"sequential", "shuffled"}, &order));
-  c->order = order == 0 ? BatchOrder::kSequential : BatchOrder::kShuffled;
-  TC_TRY(t.integer_as("seed", 0, std::numeric_limits<int64_t>::max(), &c->seed));
-  return t.no_unknown_keys();
+  return {};
 }
 
 Result<void> read_schedule(TableReader& t, RunConfig* c) {

@@ -1,1 +1,143 @@
+#include "config/config_file.h"
+
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+namespace traincoord {
+namespace {
+
+TEST(ConfigFile, ReadsEveryField) {
+  auto c = parse_run_config(R"(
+name = "sweep-3"
+[data]
+train_batches = 1000
+dev_batches = 50
+order = "sequential"
+seed = 9
+[schedule]
+epochs = -3
+validation_every = 2
+gpus_per_worker = 4
+iters_per_worker = 2
+replicas_to_agg = 3
+start_step = 120
+seed_compat = true
+overlap_epochs = true
+[leases]
+timeout = 2.5
+max_attempts = 5
+on_job_failure = "skip"
+history = 100
+[early_stop]
+rule = "patience"
+monitor = "accuracy"
+mode = "max"
+min_delta = 0.001
+patience = 4
+baseline = 0.1
+stopping_threshold = 0.99
+divergence_threshold = 0.01
+check_finite = false
+)",
+                            "test.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->name, "sweep-3");
+  EXPECT_EQ(c->train_batches, 1000u);
+  EXPECT_EQ(c->dev_batches, 50u);
+  EXPECT_EQ(c->order, BatchOrder::kSequential);
+  EXPECT_EQ(c->seed, 9u);
+  EXPECT_EQ(c->epochs, -3);
+  EXPECT_EQ(c->validation_every, 2);
+  EXPECT_EQ(c->gpus_per_worker, 4);
+  EXPECT_EQ(c->iters_per_worker, 2);
+  EXPECT_EQ(c->replicas_to_agg, 3);
+  EXPECT_EQ(c->start_step, 120u);
+  EXPECT_TRUE(c->seed_compat);
+  EXPECT_TRUE(c->overlap_epochs);
+  EXPECT_EQ(c->lease_timeout_ms, 2500);
+  EXPECT_EQ(c->max_attempts, 5);
+  EXPECT_EQ(c->on_job_failure, JobFailurePolicy::kSkip);
+  EXPECT_EQ(c->lease_history, 100u);
+  const PatienceRuleConfig& p = c->early_stop.patience;
+  EXPECT_EQ(c->early_stop.kind, EarlyStopKind::kPatience);
+  EXPECT_EQ(p.monitor, "accuracy");
+  EXPECT_EQ(p.mode, MonitorMode::kMax);
+  EXPECT_DOUBLE_EQ(p.min_delta, 0.001);
+  EXPECT_EQ(p.patience, 4);
+  EXPECT_EQ(p.baseline, 0.1);
+  EXPECT_EQ(p.stopping_threshold, 0.99);
+  EXPECT_EQ(p.divergence_threshold, 0.01);
+  EXPECT_FALSE(p.check_finite);
+}
+
+TEST(ConfigFile, TurnsSamplesIntoBatchesRoundingUp) {
+  auto c = parse_run_config(R"(
+name = "s"
+[data]
+train_samples = 1001
+dev_samples = 100
+batch_size = 10
+)",
+                            "s.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->train_batches, 101u);
+  EXPECT_EQ(c->dev_batches, 10u);
+  EXPECT_EQ(c->batch_size, 10u);
+}
+
+struct Refusal {
+  const char* toml;
+  const char* field;
+  const char* says;
+};
+
+class ConfigFileRefuses : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(ConfigFileRefuses, NamingTheField) {
+  auto c = parse_run_config(GetParam().toml, "bad.toml");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c.error().field, GetParam().field) << c.error().message;
+  EXPECT_NE(c.error().message.find(GetParam().says), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("bad.toml"), std::string::npos) << c.error().message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadConfigs, ConfigFileRefuses,
+    ::testing::Values(
+        Refusal{"name = \"x\"\n[data]\ntrain_batchez = 3\n", "data.train_batchez", "unknown key"},
+        Refusal{"name = \"x\"\n", "data", "missing"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = -1\n", "data.train_batches", "between"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = \"ten\"\n", "data.train_batches",
+                "integer"},
+        Refusal{"name = \"x\"\n[data]\ntrain_samples = 10\n", "data.batch_size", "needed"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[schedule]\nvalidation_every = 1\n",
+                "data.dev_batches", "dev set"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\ndev_batches = 1\n[early_stop]\nrule = "
+                "\"window\"\nwindow = 1\n",
+                "early_stop.window", "at least 2"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[early_stop]\nrule = \"sometimes\"\n",
+                "early_stop.rule", "one of"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[leases]\ntimeout = 0\n",
+                "leases.timeout", "between"},
+        Refusal{"name = \"has space\"\n[data]\ntrain_batches = 3\n", "name", "letters"},
+        Refusal{"name = \"x\"\n[data\ntrain_batches = 3\n", "", "bad.toml:2"},
+        Refusal{"name = \"x\"\nepochs = 3\n[data]\ntrain_batches = 3\n", "epochs",
+                "unknown key"}));
+
+TEST(ConfigFile, LoadsTheShippedExample) {
+  auto c = load_run_config(std::string(TRAINCOORD_SOURCE_DIR) + "/examples/runs/example.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->name, "example");
+}
+
+TEST(ConfigFile, SaysWhichFileItCannotRead) {
+  auto c = load_run_config("/nonexistent/run.toml");
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("/nonexistent/run.toml"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traincoord
