@@ -57,8 +57,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("traincoord 0.1.0"));
 
   CLI::App* sim = app.add_subcommand(
-      "simulate", "Dry-run a run config with simulated workers: the plan, every hand-out, the "
-                  "epoch losses and early stopping");
+      "simulate",
+      "Dry-run a run config with simulated workers: the plan, every hand-out, the "
+      "epoch losses and early stopping");
   std::string config_path, losses_path, order = "fifo";
   int workers = 1;
   double loss = 1.0;
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   sim->add_flag("--json", json, "print a machine-readable trace (docs/SIMULATE.md)");
 
   CLI11_PARSE(app, argc, argv);
-  if (sim->parsed()) return run_simulate(config_path, workers, losses_path, loss, order, seed, json);
+  if (sim->parsed())
+    return run_simulate(config_path, workers, losses_path, loss, order, seed, json);
   return 0;
 }

@@ -119,8 +119,8 @@ class TableReader {
   std::set<std::string> seen_;
 };
 
-#define TC_TRY(expr)                     \
-  do {                                   \
+#define TC_TRY(expr)                                              \
+  do {                                                            \
     if (auto r_ = (expr); !r_) return tl::unexpected(r_.error()); \
   } while (0)
 
@@ -151,8 +151,9 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
     return t.bad("dev_samples", "give dev_batches or dev_samples, not both");
   }
   if ((train_samples >= 0 || dev_samples >= 0) && batch_size == 0) {
-    return t.bad("batch_size", "needed to turn samples into batches: batches = ceil(samples / "
-                               "batch_size)");
+    return t.bad("batch_size",
+                 "needed to turn samples into batches: batches = ceil(samples / "
+                 "batch_size)");
   }
   if (train_batches < 0 && train_samples < 0) {
     return t.bad("train_batches", "missing: give train_batches, or train_samples and batch_size");
@@ -233,11 +234,13 @@ Result<RunConfig> parse_run_config(std::string_view text, std::string_view sourc
     const char* name;
     Result<void> (*read)(TableReader&, RunConfig*);
   };
-  for (const Section& s : {Section{"data", read_data}, Section{"schedule", read_schedule},
-                           Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
+  for (const Section& s :
+       {Section{"data", read_data}, Section{"schedule", read_schedule},
+        Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
     const bool present = top.has(s.name);
     const toml::table* table = present ? root[s.name].as_table() : nullptr;
-    if (present && !table) return top.bad(s.name, "must be a table ([" + std::string(s.name) + "])");
+    if (present && !table)
+      return top.bad(s.name, "must be a table ([" + std::string(s.name) + "])");
     if (!table && std::string_view(s.name) == "data") {
       return top.bad("data", "missing: a run needs a [data] table with train_batches");
     }

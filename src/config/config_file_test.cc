@@ -110,8 +110,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"name = \"x\"\n[data]\ntrain_batchez = 3\n", "data.train_batchez", "unknown key"},
         Refusal{"name = \"x\"\n", "data", "missing"},
         Refusal{"name = \"x\"\n[data]\ntrain_batches = -1\n", "data.train_batches", "between"},
-        Refusal{"name = \"x\"\n[data]\ntrain_batches = \"ten\"\n", "data.train_batches",
-                "integer"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = \"ten\"\n", "data.train_batches", "integer"},
         Refusal{"name = \"x\"\n[data]\ntrain_samples = 10\n", "data.batch_size", "needed"},
         Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[schedule]\nvalidation_every = 1\n",
                 "data.dev_batches", "dev set"},
@@ -124,8 +123,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "leases.timeout", "between"},
         Refusal{"name = \"has space\"\n[data]\ntrain_batches = 3\n", "name", "letters"},
         Refusal{"name = \"x\"\n[data\ntrain_batches = 3\n", "", "bad.toml:2"},
-        Refusal{"name = \"x\"\nepochs = 3\n[data]\ntrain_batches = 3\n", "epochs",
-                "unknown key"}));
+        Refusal{"name = \"x\"\nepochs = 3\n[data]\ntrain_batches = 3\n", "epochs", "unknown key"}));
 
 TEST(ConfigFile, LoadsTheShippedExample) {
   auto c = load_run_config(std::string(TRAINCOORD_SOURCE_DIR) + "/examples/runs/example.toml");

@@ -19,7 +19,8 @@ EpochOrder::EpochOrder(BatchOrder order, uint64_t batches, uint64_t seed, int64_
                        SetKind set)
     : sequential_(order == BatchOrder::kSequential || batches <= 1),
       batches_(batches),
-      key_(mix64(mix64(seed) ^ mix64(static_cast<uint64_t>(epoch) * 2 + static_cast<uint64_t>(set)))),
+      key_(mix64(mix64(seed) ^
+                 mix64(static_cast<uint64_t>(epoch) * 2 + static_cast<uint64_t>(set)))),
       half_bits_(1) {
   while ((uint64_t{1} << (2 * half_bits_)) < batches_) ++half_bits_;
   half_mask_ = (uint64_t{1} << half_bits_) - 1;

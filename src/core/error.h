@@ -11,9 +11,9 @@ namespace traincoord {
 
 // What kind of failure; the network layer maps each to an HTTP status.
 enum class ErrorCode {
-  kInvalidArgument,  // bad input: a config field or request field (HTTP 400)
-  kNotFound,         // unknown run, worker, job or lease (HTTP 404)
-  kConflict,         // e.g. a lease that belongs to another worker (HTTP 409)
+  kInvalidArgument,     // bad input: a config field or request field (HTTP 400)
+  kNotFound,            // unknown run, worker, job or lease (HTTP 404)
+  kConflict,            // e.g. a lease that belongs to another worker (HTTP 409)
   kFailedPrecondition,  // the run is in a state that does not allow the call (HTTP 409)
 };
 
@@ -44,9 +44,9 @@ inline tl::unexpected<Error> failed_precondition(std::string message) {
 }  // namespace traincoord
 
 // Invariants: a broken one stops the program loudly, in every build type.
-#define TC_ASSERT(cond)                                                         \
-  do {                                                                          \
-    if (!(cond)) ::traincoord::assertion_failed(#cond, __FILE__, __LINE__);     \
+#define TC_ASSERT(cond)                                                     \
+  do {                                                                      \
+    if (!(cond)) ::traincoord::assertion_failed(#cond, __FILE__, __LINE__); \
   } while (0)
 
 namespace traincoord {

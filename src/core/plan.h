@@ -14,16 +14,16 @@ enum class SetKind : uint8_t { kTrain = 0, kDev = 1 };
 std::string_view set_name(SetKind set);
 
 struct Plan {
-  uint64_t batches_per_job = 0;          // G * max(1, I)
-  uint64_t batches_per_step = 0;         // G * max(1, R)
-  uint64_t steps_per_epoch = 0;          // max(1, train_batches // batches_per_step)
-  int64_t start_epoch = 0;               // S // steps_per_epoch
-  uint64_t jobs_trained = 0;             // jobs of the start epoch a checkpoint already covers
+  uint64_t batches_per_job = 0;   // G * max(1, I)
+  uint64_t batches_per_step = 0;  // G * max(1, R)
+  uint64_t steps_per_epoch = 0;   // max(1, train_batches // batches_per_step)
+  int64_t start_epoch = 0;        // S // steps_per_epoch
+  uint64_t jobs_trained = 0;      // jobs of the start epoch a checkpoint already covers
   uint64_t train_jobs_per_epoch = 0;
-  uint64_t dev_jobs_per_epoch = 0;       // 0 when there is no dev set
-  int64_t target_epoch = 0;              // training runs epochs [start_epoch, target_epoch)
-  bool trains = false;                   // target_epoch > start_epoch
-  uint64_t total_train_jobs = 0;         // over all epochs still to train
+  uint64_t dev_jobs_per_epoch = 0;  // 0 when there is no dev set
+  int64_t target_epoch = 0;         // training runs epochs [start_epoch, target_epoch)
+  bool trains = false;              // target_epoch > start_epoch
+  uint64_t total_train_jobs = 0;    // over all epochs still to train
 };
 
 // REQUIRES: validate(config) succeeded.
@@ -51,8 +51,7 @@ struct EpochPlan {
 EpochPlan train_epoch_plan(const Plan& plan, const RunConfig& config, int64_t epoch);
 
 // The dev epoch that follows train epoch `epoch`, if validation is due then.
-std::optional<EpochPlan> dev_epoch_plan(const Plan& plan, const RunConfig& config,
-                                        int64_t epoch);
+std::optional<EpochPlan> dev_epoch_plan(const Plan& plan, const RunConfig& config, int64_t epoch);
 
 // The batch positions [first, first + count) in the epoch's order that job `job` covers.
 struct BatchSpan {

@@ -156,9 +156,8 @@ bool Run::open_next_epoch() {
   running_.push_back(slot);
   latest_of_set_[static_cast<int>(p.set)] = slot;
   if (p.set == SetKind::kDev) dev_to_judge_.push_back(slot);
-  emit(EventKind::kEpochOpened, std::string(set_name(p.set)) + " epoch " +
-                                    std::to_string(p.epoch) + " opened with " +
-                                    std::to_string(p.size()) + " jobs");
+  emit(EventKind::kEpochOpened, std::string(set_name(p.set)) + " epoch " + std::to_string(p.epoch) +
+                                    " opened with " + std::to_string(p.size()) + " jobs");
   return true;
 }
 
@@ -178,8 +177,8 @@ void Run::close_epoch(uint32_t slot) {
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.6g", e.loss);
   emit(EventKind::kEpochClosed, std::string(set_name(e.plan.set)) + " epoch " +
-                                    std::to_string(e.plan.epoch) + " closed: loss " + loss +
-                                    ", " + std::to_string(e.done) + " jobs done, " +
+                                    std::to_string(e.plan.epoch) + " closed: loss " + loss + ", " +
+                                    std::to_string(e.done) + " jobs done, " +
                                     std::to_string(e.failed) + " failed, " +
                                     std::to_string(e.nonfinite_jobs) + " non-finite");
   judge_dev_epochs();
@@ -197,8 +196,8 @@ void Run::judge_dev_epochs() {
     const double value = monitor == "loss" ? e.loss : e.metric(monitor, !config_.seed_compat);
     if (early_stop_.observe(e.plan.epoch, value, e.nonfinite_jobs == 0) &&
         config_.early_stop.kind != EarlyStopKind::kNone) {
-      std::string why = "after dev epoch " + std::to_string(e.plan.epoch) + ": " +
-                        early_stop_.state().reason;
+      std::string why =
+          "after dev epoch " + std::to_string(e.plan.epoch) + ": " + early_stop_.state().reason;
       if (early_stop_.state().best_epoch) {
         why += "; best epoch " + std::to_string(*early_stop_.state().best_epoch);
       }
@@ -216,8 +215,7 @@ void Run::advance() {
   const bool overlap = config_.seed_compat || config_.overlap_epochs;
   if (running_.empty() && !overlap) open_next_epoch();
   if (running_.empty() && next_epoch_ >= plan_.target_epoch) {
-    finish(RunState::kCompleted,
-           "target epoch " + std::to_string(plan_.target_epoch) + " reached");
+    finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) + " reached");
   }
   if (running_.empty() && state_ == RunState::kRunning && overlap) {
     open_next_epoch();
@@ -271,8 +269,8 @@ Result<void> Run::leave(WorkerId worker) {
   }
   if ((*w)->active) {
     (*w)->active = false;
-    emit(EventKind::kWorkerLeft, "worker " + (*w)->name + " left; " +
-                                     std::to_string(held.size()) + " jobs handed back");
+    emit(EventKind::kWorkerLeft,
+         "worker " + (*w)->name + " left; " + std::to_string(held.size()) + " jobs handed back");
   }
   return {};
 }
@@ -282,8 +280,8 @@ Result<void> Run::leave(WorkerId worker) {
 void Run::remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome) {
   const size_t slot = lease % config_.lease_history;
   if (slot >= history_.size()) {
-    history_.resize(std::min<size_t>(config_.lease_history,
-                                     std::max<size_t>(slot + 1, history_.size() * 2)));
+    history_.resize(
+        std::min<size_t>(config_.lease_history, std::max<size_t>(slot + 1, history_.size() * 2)));
   }
   history_[slot] = Resolved{lease, worker, outcome};
 }
@@ -581,8 +579,8 @@ Result<IndexReply> Run::next_index(SetKind set) {
   expire_leases();
   const auto& slot = latest_of_set_[static_cast<int>(set)];
   if (!slot) {
-    return failed_precondition("no " + std::string(set_name(set)) + " epoch has started yet in run " +
-                               config_.name);
+    return failed_precondition("no " + std::string(set_name(set)) +
+                               " epoch has started yet in run " + config_.name);
   }
   Epoch& e = epochs_[*slot];
   IndexReply r{e.plan.epoch, e.next_index++, std::nullopt};

@@ -55,8 +55,8 @@ enum class AcquireStatus : uint8_t { kJob, kWait, kFinished };
 
 struct Acquired {
   AcquireStatus status = AcquireStatus::kWait;
-  Job job;                    // when kJob
-  TimeMs retry_after_ms = 0;  // when kWait: when it is worth asking again
+  Job job;                              // when kJob
+  TimeMs retry_after_ms = 0;            // when kWait: when it is worth asking again
   RunState state = RunState::kRunning;  // when kFinished: how the run ended
 };
 
@@ -119,12 +119,12 @@ struct Epoch {
   // Tracking of the jobs still in play; O(jobs in flight), never O(epoch size). A job at a
   // position below `cursor` that is not in `active` has been resolved (done or failed).
   struct ActiveJob {
-    uint32_t handouts = 0;            // how often the job was handed out
-    uint32_t failures = 0;            // attempts that expired or were reported failed
-    LeaseId live = 0;                 // its live lease, or 0
-    std::vector<LeaseId> expired;     // expired leases whose late completion may still win
+    uint32_t handouts = 0;         // how often the job was handed out
+    uint32_t failures = 0;         // attempts that expired or were reported failed
+    LeaseId live = 0;              // its live lease, or 0
+    std::vector<LeaseId> expired;  // expired leases whose late completion may still win
   };
-  uint64_t cursor = 0;  // next position never handed out
+  uint64_t cursor = 0;           // next position never handed out
   std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
   std::unordered_map<uint64_t, ActiveJob> active;
 };

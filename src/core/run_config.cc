@@ -26,11 +26,15 @@ Result<void> validate(const RunConfig& c) {
                        "the training set must hold at least one batch");
       !r)
     return r;
-  if (auto r = require(c.gpus_per_worker >= 1, "schedule.gpus_per_worker", "must be at least 1"); !r)
+  if (auto r = require(c.gpus_per_worker >= 1, "schedule.gpus_per_worker", "must be at least 1");
+      !r)
     return r;
-  if (auto r = require(c.iters_per_worker >= 0, "schedule.iters_per_worker", "must not be negative"); !r)
+  if (auto r =
+          require(c.iters_per_worker >= 0, "schedule.iters_per_worker", "must not be negative");
+      !r)
     return r;
-  if (auto r = require(c.replicas_to_agg >= 0, "schedule.replicas_to_agg", "must not be negative"); !r)
+  if (auto r = require(c.replicas_to_agg >= 0, "schedule.replicas_to_agg", "must not be negative");
+      !r)
     return r;
   if (auto r = require(c.validation_every >= 0, "schedule.validation_every",
                        "must not be negative (0 turns validation off)");
@@ -40,9 +44,9 @@ Result<void> validate(const RunConfig& c) {
                        "validation_every > 0 needs a dev set of at least one batch");
       !r)
     return r;
-  if (auto r = require(c.lease_timeout_ms >= 1, "leases.timeout", "must be positive"); !r)
+  if (auto r = require(c.lease_timeout_ms >= 1, "leases.timeout", "must be positive"); !r) return r;
+  if (auto r = require(c.max_attempts >= 1, "leases.max_attempts", "must be at least 1"); !r)
     return r;
-  if (auto r = require(c.max_attempts >= 1, "leases.max_attempts", "must be at least 1"); !r) return r;
   if (auto r = require(c.lease_history >= 1, "leases.history", "must be at least 1"); !r) return r;
   if (auto r = require(c.epochs >= -1'000'000 && c.epochs <= 1'000'000, "schedule.epochs",
                        "must be between -1000000 and 1000000");

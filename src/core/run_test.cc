@@ -223,8 +223,8 @@ TEST_F(RunTest, SkipPolicyClosesTheEpochWithoutTheFailedJobAndSaysSo) {
   EXPECT_EQ(run.events().back().kind, EventKind::kEpochOpened);
   bool reported = false;
   for (const Event& ev : run.events()) {
-    reported |= ev.kind == EventKind::kJobFailed &&
-                ev.text.find("CUDA out of memory") != std::string::npos;
+    reported |=
+        ev.kind == EventKind::kJobFailed && ev.text.find("CUDA out of memory") != std::string::npos;
   }
   EXPECT_TRUE(reported);
 }

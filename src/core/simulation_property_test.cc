@@ -91,12 +91,12 @@ class World {
   // One line about the schedule, for a replayed seed.
   std::string summary() const {
     const RunCounters& c = run_->counters();
-    return std::string(run_state_name(run_->state())) + ": " + run_->state_reason() +
-           "; epochs " + std::to_string(run_->epochs().size()) + ", hand-outs " +
-           std::to_string(c.handouts) + ", expiries " + std::to_string(c.lease_expiries) +
-           ", repeated " + std::to_string(c.completions_duplicate) + ", foreign " +
-           std::to_string(c.completions_foreign) + ", failed jobs " + std::to_string(c.jobs_failed) +
-           ", workers " + std::to_string(workers_.size());
+    return std::string(run_state_name(run_->state())) + ": " + run_->state_reason() + "; epochs " +
+           std::to_string(run_->epochs().size()) + ", hand-outs " + std::to_string(c.handouts) +
+           ", expiries " + std::to_string(c.lease_expiries) + ", repeated " +
+           std::to_string(c.completions_duplicate) + ", foreign " +
+           std::to_string(c.completions_foreign) + ", failed jobs " +
+           std::to_string(c.jobs_failed) + ", workers " + std::to_string(workers_.size());
   }
 
  private:
@@ -350,9 +350,8 @@ void World::check_invariants() const {
   bool stopped = false;
   for (const Epoch& e : run.epochs()) {
     if (e.plan.set != SetKind::kDev || !e.closed() || stopped) continue;
-    const double value = replay.monitor() == "loss"
-                             ? e.loss
-                             : e.metric(replay.monitor(), !config_.seed_compat);
+    const double value =
+        replay.monitor() == "loss" ? e.loss : e.metric(replay.monitor(), !config_.seed_compat);
     stopped = replay.observe(e.plan.epoch, value, e.nonfinite_jobs == 0) &&
               config_.early_stop.kind != EarlyStopKind::kNone;
   }
@@ -364,7 +363,8 @@ void World::check_invariants() const {
 volatile uint64_t current_seed = 0;
 extern "C" void report_seed_on_abort(int) {
   char line[96];
-  const int n = std::snprintf(line, sizeof line, "\nsimulation aborted: replay with TRAINCOORD_SIM_SEED=%llu\n",
+  const int n = std::snprintf(line, sizeof line,
+                              "\nsimulation aborted: replay with TRAINCOORD_SIM_SEED=%llu\n",
                               static_cast<unsigned long long>(current_seed));
   if (n > 0) (void)!write(2, line, static_cast<size_t>(n));
   std::signal(SIGABRT, SIG_DFL);
@@ -390,7 +390,9 @@ TEST(Simulation, RandomSchedulesKeepEveryInvariant) {
     world.run_schedule();
     if (HasFatalFailure()) return;
     world.check_invariants();
-    if (std::getenv("TRAINCOORD_SIM_VERBOSE")) std::printf("seed %llu: %s\n", static_cast<unsigned long long>(seed), world.summary().c_str());
+    if (std::getenv("TRAINCOORD_SIM_VERBOSE"))
+      std::printf("seed %llu: %s\n", static_cast<unsigned long long>(seed),
+                  world.summary().c_str());
     if (HasFailure()) {
       ADD_FAILURE() << "seed " << seed << " broke an invariant";
       return;

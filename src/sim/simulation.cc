@@ -159,8 +159,7 @@ void print_report(const SimulationResult& r, const SimulationOptions& o, std::os
   out << "plan: batches_per_job " << p.batches_per_job << ", batches_per_step "
       << p.batches_per_step << ", steps_per_epoch " << p.steps_per_epoch << "\n";
   out << "      start epoch " << p.start_epoch << " (step " << r.config.start_step << ", "
-      << p.jobs_trained << " jobs of it already trained), target epoch " << p.target_epoch
-      << "\n";
+      << p.jobs_trained << " jobs of it already trained), target epoch " << p.target_epoch << "\n";
   out << "      train: " << r.config.train_batches << " batches, " << p.train_jobs_per_epoch
       << " jobs per epoch; dev: " << r.config.dev_batches << " batches, " << p.dev_jobs_per_epoch
       << " jobs per epoch\n";
@@ -169,29 +168,30 @@ void print_report(const SimulationResult& r, const SimulationOptions& o, std::os
   out << "hand-outs (step worker set epoch job/jobs-in-epoch batches):\n";
   for (const Handout& h : r.handouts) {
     out << "  " << h.step << " " << h.worker << " " << set_name(h.job.set) << " " << h.job.epoch
-        << " " << h.job.index << "/" << h.job.jobs_in_epoch << " " << batch_list(h.batches)
-        << "\n";
+        << " " << h.job.index << "/" << h.job.jobs_in_epoch << " " << batch_list(h.batches) << "\n";
   }
   out << "\nepochs:\n";
   for (const Epoch& e : r.epochs) {
     out << "  " << set_name(e.plan.set) << " " << e.plan.epoch << ": "
-        << (e.closed() ? "loss " + number(e.loss) : std::string("not finished")) << " ("
-        << e.done << " jobs";
+        << (e.closed() ? "loss " + number(e.loss) : std::string("not finished")) << " (" << e.done
+        << " jobs";
     if (e.plan.first_job > 0) out << ", from job " << e.plan.first_job;
     if (e.nonfinite_jobs > 0) out << ", " << e.nonfinite_jobs << " non-finite";
     out << ")\n";
   }
   out << "\nresult: " << run_state_name(r.state) << ": " << r.reason << "\n";
   if (r.early_stop.best_epoch) {
-    out << "best dev epoch: " << *r.early_stop.best_epoch << " ("
-        << number(r.early_stop.best_value) << ")\n";
+    out << "best dev epoch: " << *r.early_stop.best_epoch << " (" << number(r.early_stop.best_value)
+        << ")\n";
   }
 }
 
 std::string trace_json(const SimulationResult& r, const SimulationOptions& o) {
   rapidjson::StringBuffer buf;
   rapidjson::Writer<rapidjson::StringBuffer> w(buf);
-  auto str = [&](std::string_view s) { w.String(s.data(), static_cast<rapidjson::SizeType>(s.size())); };
+  auto str = [&](std::string_view s) {
+    w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
+  };
   auto num = [&](double v) {
     if (std::isfinite(v)) {
       w.Double(v);

@@ -26,8 +26,8 @@ RunConfig config() {
 TEST(Simulate, RunsThePlanToTheEndAndStopsEarlyOnARisingDevLoss) {
   SimulationOptions o;
   o.workers = 3;
-  auto table = parse_loss_table("train 0 3\ntrain 1 2\ndev 0 1.0 # first\ndev 1 0.9\ndev 2 1.5\n",
-                                "losses");
+  auto table =
+      parse_loss_table("train 0 3\ntrain 1 2\ndev 0 1.0 # first\ndev 1 0.9\ndev 2 1.5\n", "losses");
   ASSERT_TRUE(table) << table.error().message;
   o.losses = *table;
   auto r = simulate(config(), o);
@@ -46,8 +46,8 @@ TEST(Simulate, RunsThePlanToTheEndAndStopsEarlyOnARisingDevLoss) {
 TEST(Simulate, EveryBatchOfEveryEpochIsHandedOutOnceWhateverTheOrder) {
   RunConfig c = config();
   c.early_stop.kind = EarlyStopKind::kNone;
-  for (CompletionOrder order : {CompletionOrder::kFifo, CompletionOrder::kLifo,
-                                CompletionOrder::kRandom}) {
+  for (CompletionOrder order :
+       {CompletionOrder::kFifo, CompletionOrder::kLifo, CompletionOrder::kRandom}) {
     SimulationOptions o;
     o.workers = 5;
     o.order = order;
