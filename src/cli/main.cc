@@ -1,82 +1,58 @@
-// The traincoord binary: one command per subcommand.
-#include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <sstream>
+// The traincoord binary: one subcommand per file in src/cli/.
 #include <string>
 
 #include <CLI/CLI.hpp>
 
-#include "config/config_file.h"
-#include "sim/simulation.h"
-
-namespace {
-
-int fail(const traincoord::Error& e) {
-  std::cerr << "traincoord: " << e.message << "\n";
-  return 2;
-}
-
-int run_simulate(const std::string& config_path, int workers, const std::string& losses_path,
-                 double loss, const std::string& order, uint64_t seed, bool json) {
-  using namespace traincoord;
-  auto config = load_run_config(config_path);
-  if (!config) return fail(config.error());
-  SimulationOptions options;
-  options.workers = workers;
-  options.seed = seed;
-  options.order = order == "lifo"     ? CompletionOrder::kLifo
-                  : order == "random" ? CompletionOrder::kRandom
-                                      : CompletionOrder::kFifo;
-  options.losses.constant = loss;
-  if (!losses_path.empty()) {
-    std::ifstream in(losses_path);
-    if (!in) return fail({ErrorCode::kInvalidArgument, "cannot read --losses " + losses_path, {}});
-    std::ostringstream text;
-    text << in.rdbuf();
-    auto table = parse_loss_table(text.str(), losses_path);
-    if (!table) return fail(table.error());
-    table->constant = loss;
-    options.losses = *table;
-  }
-  auto result = simulate(*config, options);
-  if (!result) return fail(result.error());
-  if (json) {
-    std::cout << trace_json(*result, options);
-  } else {
-    print_report(*result, options, std::cout);
-  }
-  return 0;
-}
-
-}  // namespace
+#include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  using namespace traincoord::cli;
   CLI::App app{"traincoord: a training coordinator for distributed machine learning"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("traincoord 0.1.0"));
 
+  SimulateArgs sim_args;
   CLI::App* sim = app.add_subcommand(
-      "simulate",
-      "Dry-run a run config with simulated workers: the plan, every hand-out, the "
-      "epoch losses and early stopping");
-  std::string config_path, losses_path, order = "fifo";
-  int workers = 1;
-  double loss = 1.0;
-  uint64_t seed = 0;
-  bool json = false;
-  sim->add_option("--config", config_path, "the run config (TOML)")->required();
-  sim->add_option("--workers", workers, "simulated workers")->check(CLI::Range(1, 100000));
-  sim->add_option("--losses", losses_path,
+      "simulate", "Dry-run a run config with simulated workers: the plan, every hand-out, the "
+                  "epoch losses and early stopping");
+  sim->add_option("--config", sim_args.config, "the run config (TOML)")->required();
+  sim->add_option("--workers", sim_args.workers, "simulated workers")->check(CLI::Range(1, 100000));
+  sim->add_option("--losses", sim_args.losses,
                   "a file of 'SET EPOCH LOSS' lines: the loss each job of that epoch reports");
-  sim->add_option("--loss", loss, "the loss of every epoch the --losses file does not list");
-  sim->add_option("--order", order, "which holding worker finishes next")
+  sim->add_option("--loss", sim_args.loss, "the loss of every epoch the --losses file does not list");
+  sim->add_option("--order", sim_args.order, "which holding worker finishes next")
       ->check(CLI::IsMember({"fifo", "lifo", "random"}));
-  sim->add_option("--seed", seed, "the seed of --order random");
-  sim->add_flag("--json", json, "print a machine-readable trace (docs/SIMULATE.md)");
+  sim->add_option("--seed", sim_args.seed, "the seed of --order random");
+  sim->add_flag("--json", sim_args.json, "print a machine-readable trace (docs/SIMULATE.md)");
+
+  ServeArgs serve_args;
+  CLI::App* srv = app.add_subcommand("serve", "Serve runs to workers over HTTP (docs/API.md)");
+  srv->add_option("--config", serve_args.configs, "a run config (TOML); repeat for several runs");
+  srv->add_option("--runs", serve_args.runs_dir, "a folder of run configs (*.toml)");
+  srv->add_option("--listen", serve_args.listen, "HOST:PORT to listen on (port 0: any free one)")
+      ->capture_default_str();
+  srv->add_option("--io-threads", serve_args.io_threads, "threads for network I/O")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+
+  StatusArgs status_args;
+  CLI::App* st = app.add_subcommand("status", "Show a run: epoch progress, losses, workers");
+  st->add_option("run", status_args.run, "the run (default: the only one)");
+  st->add_option("--url", status_args.url, "the coordinator")->capture_default_str();
+  st->add_flag("--watch", status_args.watch, "redraw until the run ends (Ctrl-C to stop)");
+  st->add_option("--interval", status_args.interval_s, "seconds between redraws")
+      ->check(CLI::Range(0.1, 3600.0));
+  st->add_flag("--json", status_args.json, "print the run's JSON status");
+
+  StatusArgs runs_args;
+  CLI::App* rs = app.add_subcommand("runs", "List the runs of a coordinator");
+  rs->add_option("--url", runs_args.url, "the coordinator")->capture_default_str();
+  rs->add_flag("--json", runs_args.json, "print JSON");
 
   CLI11_PARSE(app, argc, argv);
-  if (sim->parsed())
-    return run_simulate(config_path, workers, losses_path, loss, order, seed, json);
+  if (sim->parsed()) return simulate(sim_args);
+  if (srv->parsed()) return serve(serve_args);
+  if (st->parsed()) return status(status_args);
+  if (rs->parsed()) return runs(runs_args);
   return 0;
 }

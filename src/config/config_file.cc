@@ -166,6 +166,8 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
 
 Result<void> read_schedule(TableReader& t, RunConfig* c) {
   TC_TRY(t.integer_as("epochs", -1'000'000, 1'000'000, &c->epochs));
+  // Without a dev set there is nothing to validate: validation_every then defaults to 0.
+  if (!t.has("validation_every") && c->dev_batches == 0) c->validation_every = 0;
   TC_TRY(t.integer_as("validation_every", 0, kMaxInt, &c->validation_every));
   TC_TRY(t.integer_as("gpus_per_worker", 1, 1 << 16, &c->gpus_per_worker));
   TC_TRY(t.integer_as("iters_per_worker", 0, 1 << 20, &c->iters_per_worker));
@@ -217,16 +219,7 @@ Result<void> read_early_stop(TableReader& t, RunConfig* c) {
 
 }  // namespace
 
-Result<RunConfig> parse_run_config(std::string_view text, std::string_view source) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream msg;
-    msg << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
-        << e.description();
-    return invalid_argument("", msg.str());
-  }
+Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_view source) {
   RunConfig c;
   TableReader top(&root, "", source);
   TC_TRY(top.string("name", &c.name));
@@ -234,13 +227,13 @@ Result<RunConfig> parse_run_config(std::string_view text, std::string_view sourc
     const char* name;
     Result<void> (*read)(TableReader&, RunConfig*);
   };
-  for (const Section& s :
-       {Section{"data", read_data}, Section{"schedule", read_schedule},
-        Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
+  for (const Section& s : {Section{"data", read_data}, Section{"schedule", read_schedule},
+                           Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
     const bool present = top.has(s.name);
     const toml::table* table = present ? root[s.name].as_table() : nullptr;
-    if (present && !table)
+    if (present && !table) {
       return top.bad(s.name, "must be a table ([" + std::string(s.name) + "])");
+    }
     if (!table && std::string_view(s.name) == "data") {
       return top.bad("data", "missing: a run needs a [data] table with train_batches");
     }
@@ -254,6 +247,19 @@ Result<RunConfig> parse_run_config(std::string_view text, std::string_view sourc
     return tl::unexpected(e);
   }
   return c;
+}
+
+Result<RunConfig> parse_run_config(std::string_view text, std::string_view source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+        << e.description();
+    return invalid_argument("", msg.str());
+  }
+  return parse_run_config_table(root, source);
 }
 
 Result<RunConfig> load_run_config(const std::string& path) {

@@ -139,3 +139,37 @@ TEST(ConfigFile, SaysWhichFileItCannotRead) {
 
 }  // namespace
 }  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+TEST(ConfigJson, AcceptsTheSameTreeAsToml) {
+  auto c = parse_run_config_json(
+      R"({"name": "j", "data": {"train_batches": 10, "dev_batches": 2},
+          "schedule": {"epochs": 3}, "leases": {"timeout": 1.5},
+          "early_stop": {"rule": "window", "window": 3}})",
+      "request");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->name, "j");
+  EXPECT_EQ(c->train_batches, 10u);
+  EXPECT_EQ(c->epochs, 3);
+  EXPECT_EQ(c->lease_timeout_ms, 1500);
+  EXPECT_EQ(c->early_stop.window.window, 3);
+}
+
+TEST(ConfigJson, RefusesWhatTomlRefusesNamingTheField) {
+  auto c = parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1.5}})", "request");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().field, "data.train_batches");
+  auto unknown = parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1}, "x": 1})",
+                                       "request");
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().field, "x");
+  auto bad = parse_run_config_json("{not json", "request");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("invalid JSON"), std::string::npos);
+  EXPECT_FALSE(parse_run_config_json("[1]", "request"));
+}
+
+}  // namespace
+}  // namespace traincoord

@@ -1,0 +1,70 @@
+// An example C++ worker: takes jobs from a coordinator and "trains" on them (a sleep and a
+// synthetic loss), using the traincoord client library. Each counted completion is printed as
+//   accepted SET EPOCH INDEX BATCH,BATCH,...
+// so a test can check that every batch was trained exactly once.
+//
+//   example_worker --url http://127.0.0.1:8470 --run example --name w0 --job-ms 5
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "traincoord/client.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"An example traincoord worker"};
+  traincoord::client::Options options;
+  int job_ms = 0;
+  int die_after = -1;
+  double give_up_s = 60;
+  app.add_option("--url", options.url, "the coordinator")->capture_default_str();
+  app.add_option("--run", options.run, "the run")->required();
+  app.add_option("--name", options.worker_name, "this worker's stable name");
+  app.add_option("--job-ms", job_ms, "milliseconds each job takes");
+  app.add_option("--die-after", die_after,
+                 "exit abruptly (no goodbye) while holding the job after this many completions");
+  app.add_option("--give-up-after", give_up_s, "seconds an unreachable coordinator is retried");
+  CLI11_PARSE(app, argc, argv);
+  options.give_up_after = std::chrono::milliseconds(static_cast<int64_t>(give_up_s * 1000));
+
+  auto worker = traincoord::client::Worker::connect(options);
+  if (!worker) {
+    std::cerr << "example_worker: " << worker.error().message << "\n";
+    return 1;
+  }
+  auto& w = **worker;
+  int completed = 0;
+  auto job = w.next();
+  while (job && *job) {
+    const traincoord::client::Job& j = **job;
+    if (completed == die_after) {
+      std::cout << "dying while holding " << j.set << " " << j.epoch << " " << j.index << std::endl;
+      _exit(137);  // like a SIGKILL: no leave, no completion
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(job_ms));
+    // A synthetic loss that falls with the epoch: enough to watch a loss curve move.
+    const double loss = 1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
+    traincoord::client::Completion done{loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
+    auto next = w.complete_and_next(j, done);
+    if (next && w.last_completed().counted) {
+      std::string batches;
+      for (uint64_t b : j.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
+      std::cout << "accepted " << j.set << " " << j.epoch << " " << j.index << " " << batches
+                << std::endl;
+    }
+    ++completed;
+    job = std::move(next);
+  }
+  if (!job) {
+    std::cerr << "example_worker: " << job.error().message << "\n";
+    return 1;
+  }
+  std::cout << "finished: " << w.finished()->state << ": " << w.finished()->reason << std::endl;
+  return 0;
+}

@@ -1,0 +1,140 @@
+// traincoord's C++ client: what a C++ training program links to take jobs from a coordinator.
+//
+//   traincoord::client::Options options;
+//   options.url = "http://10.0.0.1:8470";
+//   options.run = "digits";
+//   auto worker = traincoord::client::Worker::connect(options);   // registers
+//   if (!worker) { std::cerr << worker.error().message; return 1; }
+//   auto job = (*worker)->next();
+//   while (job && *job) {
+//     double loss = train((*job)->batches);
+//     job = (*worker)->complete_and_next(**job, {.loss = loss, .samples = 32});
+//   }
+//   // job has no value: an error; *job == nullopt: the run is finished ((*worker)->finished()).
+//
+// Guarantees: every call has a timeout; a coordinator that is down or restarting is retried
+// with exponential backoff and jitter until `give_up_after`, then the call fails with a clear
+// error; leases are kept alive by a background heartbeat thread. Nothing blocks forever.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+namespace traincoord::client {
+
+struct Options {
+  std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT
+  std::string run;                            // the run to work on
+  std::string worker_name;                    // stable name; default HOSTNAME-PID
+  std::chrono::milliseconds connect_timeout{5'000};
+  std::chrono::milliseconds request_timeout{30'000};  // one request, on top of a long poll
+  std::chrono::milliseconds long_poll{20'000};        // how long the server may hold an acquire
+  std::chrono::milliseconds give_up_after{300'000};   // unreachable this long: the call fails
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{5'000};
+  bool heartbeats = true;  // extend leases from a background thread
+};
+
+struct ClientError {
+  int http_status = 0;  // 0: no HTTP answer (unreachable, timed out)
+  std::string code;     // the server's error code ("invalid_argument", ...) or "unreachable"
+  std::string message;
+  std::string field;  // for invalid_argument: the offending field
+};
+
+template <typename T>
+using Result = tl::expected<T, ClientError>;
+
+struct Job {
+  uint64_t lease = 0;
+  uint32_t attempt = 1;
+  std::string set;  // "train" or "dev"
+  int64_t epoch = 0;
+  uint64_t index = 0;
+  uint64_t jobs_in_epoch = 0;
+  std::vector<uint64_t> batches;
+};
+
+struct Completion {
+  double loss = 0;  // NaN or infinity are allowed: counted and reported, never averaged in
+  uint64_t samples = 0;
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+// How a completion was taken: "accepted" (counted), "duplicate", "superseded", "given_up",
+// "job_failed", "stale" (not counted; see docs/SEMANTICS.md), or "lost" (the coordinator
+// restarted without its state and no longer knows the lease; the job will be handed out again).
+struct Completed {
+  std::string outcome;
+  bool counted = false;
+};
+
+struct Finished {
+  std::string state;  // "completed", "early_stopped", "cancelled", "failed"
+  std::string reason;
+};
+
+class Connection;
+
+class Worker {
+ public:
+  // Registers with the run. Fails when the coordinator stays unreachable for give_up_after,
+  // or at once when it refuses (unknown run: 404).
+  static Result<std::unique_ptr<Worker>> connect(Options options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // The next job: waits (long-polling, never busy-looping) while the run has none right now.
+  // Returns nullopt when the run is finished; finished() then says how.
+  Result<std::optional<Job>> next();
+  // Completes `job` and returns the next one, in one round trip.
+  Result<std::optional<Job>> complete_and_next(const Job& job, const Completion& completion);
+  // Completes `job` only.
+  Result<Completed> complete(const Job& job, const Completion& completion);
+  // Gives the job back as failed (it counts as a failed attempt).
+  Result<void> fail(const Job& job, const std::string& reason);
+  // Leaves the run: held jobs go back at once. The destructor does not leave.
+  Result<void> leave();
+
+  const std::optional<Finished>& finished() const { return finished_; }
+  // How the last completion was taken.
+  const Completed& last_completed() const { return last_completed_; }
+  uint32_t id() const { return id_; }
+  const std::string& name() const { return options_.worker_name; }
+
+ private:
+  explicit Worker(Options options);
+  Result<void> register_worker();
+  Result<std::string> call(const std::string& action, const std::string& body,
+                           std::chrono::milliseconds extra_wait);
+  Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
+  void heartbeat_loop();
+
+  Options options_;
+  std::unique_ptr<Connection> connection_;
+  std::atomic<uint32_t> id_{0};  // read by the heartbeat thread; changes when re-registering
+  std::chrono::milliseconds heartbeat_interval_{10'000};
+  std::optional<Finished> finished_;
+  Completed last_completed_;
+  struct Heartbeats;
+  std::unique_ptr<Heartbeats> heartbeats_;
+};
+
+// One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or
+// the error. No retries.
+Result<std::string> get(const std::string& url, const std::string& path,
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000));
+// One POST of a JSON body: the body of a 200 or 201, or the error. No retries.
+Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000));
+
+}  // namespace traincoord::client

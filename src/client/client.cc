@@ -1,0 +1,420 @@
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it (docs: STACK.md)
+
+#include "traincoord/client.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <rapidjson/document.h>
+
+#include "json/json_writer.h"
+
+namespace traincoord::client {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using std::chrono::milliseconds;
+
+namespace {
+
+struct Endpoint {
+  std::string host;
+  std::string port;
+};
+
+Result<Endpoint> parse_url(const std::string& url) {
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  if (rest.rfind("https://", 0) == 0) {
+    return tl::unexpected(ClientError{0, "invalid_argument", "https is not supported yet: " + url, "url"});
+  }
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon + 1 == rest.size()) {
+    return tl::unexpected(
+        ClientError{0, "invalid_argument", "the url needs a port, e.g. http://HOST:8470: " + url, "url"});
+  }
+  Endpoint e{rest.substr(0, colon), rest.substr(colon + 1)};
+  if (e.host.size() >= 2 && e.host.front() == '[') e.host = e.host.substr(1, e.host.size() - 2);
+  return e;
+}
+
+ClientError unreachable(const std::string& what) { return ClientError{0, "unreachable", what, {}}; }
+
+ClientError error_from(int status, const std::string& body) {
+  ClientError e{status, "http_" + std::to_string(status), body, {}};
+  rapidjson::Document d;
+  d.Parse(body.c_str());
+  if (!d.HasParseError() && d.IsObject() && d.HasMember("error") && d["error"].IsObject()) {
+    const auto& err = d["error"];
+    if (err.HasMember("code") && err["code"].IsString()) e.code = err["code"].GetString();
+    if (err.HasMember("message") && err["message"].IsString()) e.message = err["message"].GetString();
+    if (err.HasMember("field") && err["field"].IsString()) e.field = err["field"].GetString();
+  }
+  return e;
+}
+
+std::string default_name() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "worker");
+  return std::string(host) + "-" + std::to_string(getpid());
+}
+
+}  // namespace
+
+// One keep-alive HTTP connection with timeouts: every operation runs on a private io_context
+// for at most its timeout, so a call never blocks longer than asked.
+class Connection {
+ public:
+  explicit Connection(Endpoint endpoint, milliseconds connect_timeout)
+      : endpoint_(std::move(endpoint)), connect_timeout_(connect_timeout), stream_(io_) {}
+
+  struct Response {
+    int status = 0;
+    std::string body;
+  };
+
+  // One request. On a transport failure the connection is closed (and reopened next time).
+  Result<Response> request(http::verb method, const std::string& target, const std::string& body,
+                           milliseconds timeout) {
+    if (!connected_) {
+      if (auto r = connect(); !r) return tl::unexpected(r.error());
+    }
+    http::request<http::string_body> req{method, target, 11};
+    req.set(http::field::host, endpoint_.host);
+    req.set(http::field::user_agent, "traincoord-client");
+    if (method == http::verb::post) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+    }
+    req.keep_alive(true);
+    req.prepare_payload();
+
+    http::response<http::string_body> res;
+    beast::error_code result;
+    stream_.expires_after(timeout);
+    http::async_write(stream_, req, [&](beast::error_code ec, size_t) {
+      if (ec) {
+        result = ec;
+        return;
+      }
+      http::async_read(stream_, buffer_, res, [&](beast::error_code ec2, size_t) { result = ec2; });
+    });
+    io_.restart();
+    io_.run();
+    if (result) {
+      close();
+      return tl::unexpected(unreachable("request to " + endpoint_.host + ":" + endpoint_.port +
+                                        target + " failed: " + result.message()));
+    }
+    if (!res.keep_alive()) close();
+    return Response{static_cast<int>(res.result_int()), std::move(res.body())};
+  }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    buffer_.clear();
+    connected_ = false;
+  }
+
+ private:
+  Result<void> connect() {
+    tcp::resolver resolver(io_);
+    beast::error_code ec;
+    const auto endpoints = resolver.resolve(endpoint_.host, endpoint_.port, ec);
+    if (ec) {
+      return tl::unexpected(unreachable("cannot resolve " + endpoint_.host + ": " + ec.message()));
+    }
+    beast::error_code result;
+    stream_.expires_after(connect_timeout_);
+    stream_.async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) { result = e; });
+    io_.restart();
+    io_.run();
+    if (result) {
+      stream_.close();
+      return tl::unexpected(unreachable("cannot connect to " + endpoint_.host + ":" +
+                                        endpoint_.port + ": " + result.message()));
+    }
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+    connected_ = true;
+    return {};
+  }
+
+  Endpoint endpoint_;
+  milliseconds connect_timeout_;
+  asio::io_context io_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  bool connected_ = false;
+};
+
+struct Worker::Heartbeats {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+};
+
+Worker::Worker(Options options) : options_(std::move(options)) {}
+
+Worker::~Worker() {
+  if (heartbeats_) {
+    {
+      std::lock_guard lock(heartbeats_->mu);
+      heartbeats_->stop = true;
+    }
+    heartbeats_->cv.notify_all();
+    if (heartbeats_->thread.joinable()) heartbeats_->thread.join();
+  }
+}
+
+Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
+  auto endpoint = parse_url(options.url);
+  if (!endpoint) return tl::unexpected(endpoint.error());
+  if (options.run.empty()) {
+    return tl::unexpected(ClientError{0, "invalid_argument", "Options::run is empty", "run"});
+  }
+  if (options.worker_name.empty()) options.worker_name = default_name();
+  std::unique_ptr<Worker> w(new Worker(std::move(options)));
+  w->connection_ = std::make_unique<Connection>(*endpoint, w->options_.connect_timeout);
+  if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
+  if (w->options_.heartbeats) {
+    w->heartbeats_ = std::make_unique<Heartbeats>();
+    w->heartbeats_->thread = std::thread([raw = w.get()] { raw->heartbeat_loop(); });
+  }
+  return w;
+}
+
+Result<void> Worker::register_worker() {
+  JsonWriter j;
+  j.begin_object().field("name", options_.worker_name).end_object();
+  auto reply = call("workers", j.str(), milliseconds(0));
+  if (!reply) return tl::unexpected(reply.error());
+  rapidjson::Document d;
+  d.Parse(reply->c_str());
+  if (d.HasParseError() || !d.IsObject() || !d.HasMember("worker")) {
+    return tl::unexpected(ClientError{200, "bad_reply", "unexpected registration reply: " + *reply, {}});
+  }
+  id_ = d["worker"].GetUint();
+  if (d.HasMember("heartbeat_interval_ms")) {
+    heartbeat_interval_ = milliseconds(d["heartbeat_interval_ms"].GetInt64());
+  }
+  return {};
+}
+
+// POSTs to /v1/runs/RUN/ACTION, retrying while the coordinator is unreachable or answers 5xx,
+// with exponential backoff and full jitter, for at most give_up_after.
+Result<std::string> Worker::call(const std::string& action, const std::string& body,
+                                 milliseconds extra_wait) {
+  const std::string target = "/v1/runs/" + options_.run + "/" + action;
+  const auto first_failure_limit = options_.give_up_after;
+  std::optional<std::chrono::steady_clock::time_point> failing_since;
+  milliseconds backoff = options_.initial_backoff;
+  std::mt19937_64 rng(std::random_device{}());
+  while (true) {
+    auto res = connection_->request(http::verb::post, target, body,
+                                    options_.request_timeout + extra_wait);
+    ClientError error;
+    if (res && res->status < 500) {
+      if (res->status == 200 || res->status == 201) return std::move(res->body);
+      return tl::unexpected(error_from(res->status, res->body));
+    }
+    error = res ? error_from(res->status, res->body) : res.error();
+    const auto now = std::chrono::steady_clock::now();
+    if (!failing_since) failing_since = now;
+    if (now - *failing_since >= first_failure_limit) {
+      error.message = "the coordinator at " + options_.url + " has not answered for " +
+                      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                         now - *failing_since)
+                                         .count()) +
+                      " s; giving up (last error: " + error.message + ")";
+      return tl::unexpected(error);
+    }
+    const auto sleep = milliseconds(std::uniform_int_distribution<int64_t>(
+        backoff.count() / 2, std::max<int64_t>(backoff.count() / 2, backoff.count()))(rng));
+    std::this_thread::sleep_for(sleep);
+    backoff = std::min(options_.max_backoff, backoff * 2);
+  }
+}
+
+namespace {
+
+Job parse_job(const rapidjson::Value& v) {
+  Job job;
+  job.lease = v["lease"].GetUint64();
+  job.attempt = v["attempt"].GetUint();
+  job.set = v["set"].GetString();
+  job.epoch = v["epoch"].GetInt64();
+  job.index = v["index"].GetUint64();
+  job.jobs_in_epoch = v["jobs_in_epoch"].GetUint64();
+  for (const auto& b : v["batches"].GetArray()) job.batches.push_back(b.GetUint64());
+  return job;
+}
+
+}  // namespace
+
+// Reads an acquire reply ({"status": "job"|"wait"|"finished", ...}); nested: the acquire is the
+// "next" member of a completion reply.
+Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
+  rapidjson::Document d;
+  d.Parse(reply.c_str());
+  if (d.HasParseError() || !d.IsObject()) {
+    return tl::unexpected(ClientError{200, "bad_reply", "unexpected reply: " + reply, {}});
+  }
+  if (nested) {
+    last_completed_ = {d["outcome"].GetString(), d["counted"].GetBool()};
+  }
+  const rapidjson::Value& a = nested ? d["next"] : d;
+  const std::string status = a["status"].GetString();
+  if (status == "job") return std::optional<Job>(parse_job(a["job"]));
+  if (status == "finished") {
+    finished_ = Finished{a["state"].GetString(), a["reason"].GetString()};
+    return std::optional<Job>();
+  }
+  return tl::unexpected(ClientError{200, "wait", "", {}});  // the caller asks again
+}
+
+Result<std::optional<Job>> Worker::next() {
+  while (true) {
+    JsonWriter j;
+    j.begin_object().field("worker", id_.load()).field("wait_ms", options_.long_poll.count()).end_object();
+    auto reply = call("acquire", j.str(), options_.long_poll);
+    if (!reply && reply.error().code == "not_found" &&
+        reply.error().message.find("has not registered") != std::string::npos) {
+      // The coordinator restarted without our registration: register again, then ask again.
+      if (auto r = register_worker(); !r) return tl::unexpected(r.error());
+      continue;
+    }
+    if (!reply) return tl::unexpected(reply.error());
+    auto job = take(*reply, false);
+    if (job || job.error().code != "wait") return job;
+  }
+}
+
+Result<Completed> Worker::complete(const Job& job, const Completion& c) {
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
+  j.field("samples", c.samples);
+  if (!c.metrics.empty()) {
+    j.key("metrics").begin_object();
+    for (const auto& [name, value] : c.metrics) j.field(name, value);
+    j.end_object();
+  }
+  j.end_object();
+  auto reply = call("complete", j.str(), milliseconds(0));
+  if (!reply) {
+    if (reply.error().code == "not_found") {
+      // The coordinator restarted without its state: it does not know this lease (or us).
+      last_completed_ = {"lost", false};
+      if (reply.error().message.find("has not registered") != std::string::npos) {
+        if (auto r = register_worker(); !r) return tl::unexpected(r.error());
+      }
+      return last_completed_;
+    }
+    return tl::unexpected(reply.error());
+  }
+  rapidjson::Document d;
+  d.Parse(reply->c_str());
+  last_completed_ = {d["outcome"].GetString(), d["counted"].GetBool()};
+  return last_completed_;
+}
+
+Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Completion& c) {
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
+  j.field("samples", c.samples);
+  if (!c.metrics.empty()) {
+    j.key("metrics").begin_object();
+    for (const auto& [name, value] : c.metrics) j.field(name, value);
+    j.end_object();
+  }
+  j.field("next", true).field("wait_ms", options_.long_poll.count());
+  j.end_object();
+  auto reply = call("complete", j.str(), options_.long_poll);
+  if (!reply) {
+    if (reply.error().code == "not_found") {
+      auto done = complete(job, c);  // registers again where needed; says "lost"
+      if (!done) return tl::unexpected(done.error());
+      return next();
+    }
+    return tl::unexpected(reply.error());
+  }
+  auto next_job = take(*reply, true);
+  if (!next_job && next_job.error().code == "wait") return next();
+  return next_job;
+}
+
+Result<void> Worker::fail(const Job& job, const std::string& reason) {
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("reason", reason);
+  j.end_object();
+  auto reply = call("fail", j.str(), milliseconds(0));
+  if (!reply) return tl::unexpected(reply.error());
+  return {};
+}
+
+Result<void> Worker::leave() {
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).end_object();
+  auto reply = call("leave", j.str(), milliseconds(0));
+  if (!reply) return tl::unexpected(reply.error());
+  return {};
+}
+
+// Heartbeats go over their own connection, so they are never stuck behind a long poll.
+void Worker::heartbeat_loop() {
+  auto endpoint = parse_url(options_.url);
+  Connection connection(*endpoint, options_.connect_timeout);
+  const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
+  std::unique_lock lock(heartbeats_->mu);
+  while (!heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
+    lock.unlock();
+    JsonWriter j;
+    j.begin_object().field("worker", id_.load()).end_object();
+    // A failed heartbeat is not fatal: the next one may reach the coordinator in time.
+    (void)connection.request(http::verb::post, target, j.str(),
+                             std::min(heartbeat_interval_, options_.request_timeout));
+    lock.lock();
+  }
+}
+
+namespace {
+
+Result<std::string> once(http::verb method, const std::string& url, const std::string& path,
+                         const std::string& body, milliseconds timeout) {
+  auto endpoint = parse_url(url);
+  if (!endpoint) return tl::unexpected(endpoint.error());
+  Connection connection(*endpoint, timeout);
+  auto res = connection.request(method, path, body, timeout);
+  if (!res) return tl::unexpected(res.error());
+  if (res->status != 200 && res->status != 201) {
+    return tl::unexpected(error_from(res->status, res->body));
+  }
+  return std::move(res->body);
+}
+
+}  // namespace
+
+Result<std::string> get(const std::string& url, const std::string& path, milliseconds timeout) {
+  return once(http::verb::get, url, path, "", timeout);
+}
+
+Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
+                         milliseconds timeout) {
+  return once(http::verb::post, url, path, body, timeout);
+}
+
+}  // namespace traincoord::client

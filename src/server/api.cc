@@ -1,0 +1,702 @@
+#include "server/api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+
+#include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
+
+#include "config/config_file.h"
+#include "json/json_writer.h"
+
+namespace traincoord {
+
+namespace {
+
+int http_status(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return 400;
+    case ErrorCode::kNotFound:
+      return 404;
+    case ErrorCode::kConflict:
+    case ErrorCode::kFailedPrecondition:
+      return 409;
+  }
+  return 500;
+}
+
+HttpReply ok(JsonWriter& json) { return HttpReply{200, json.str(), {}, "application/json"}; }
+
+// A parsed JSON request body. Every field read is remembered, so that a field the endpoint does
+// not know is refused by name (a typo such as "sample" must not be silently ignored).
+class Body {
+ public:
+  static Result<Body> parse(const std::string& text) {
+    Body b;
+    if (text.empty()) {
+      b.doc_.SetObject();
+      return b;
+    }
+    // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
+    b.doc_.Parse<rapidjson::kParseNanAndInfFlag>(text.data(), text.size());
+    if (b.doc_.HasParseError()) {
+      return invalid_argument("", "the body is not valid JSON: " +
+                                      std::string(rapidjson::GetParseError_En(
+                                          b.doc_.GetParseError())) +
+                                      " at offset " + std::to_string(b.doc_.GetErrorOffset()));
+    }
+    if (!b.doc_.IsObject()) return invalid_argument("", "the body must be a JSON object");
+    return b;
+  }
+
+  const rapidjson::Value* get(const char* key) {
+    known_.insert(key);
+    auto it = doc_.FindMember(key);
+    return it == doc_.MemberEnd() ? nullptr : &it->value;
+  }
+
+  Result<uint64_t> uint(const char* key, std::optional<uint64_t> fallback = std::nullopt,
+                        uint64_t max = uint64_t{1} << 53) {
+    const rapidjson::Value* v = get(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      return invalid_argument(key, std::string(key) + " is required");
+    }
+    if (!v->IsUint64() || v->GetUint64() > max) {
+      return invalid_argument(key, std::string(key) + " must be an integer from 0 to " +
+                                       std::to_string(max));
+    }
+    return v->GetUint64();
+  }
+
+  // A number; null, NaN and infinities read as NaN (a non-finite loss is data, not an error).
+  Result<double> number(const char* key) {
+    const rapidjson::Value* v = get(key);
+    if (!v) return invalid_argument(key, std::string(key) + " is required");
+    if (v->IsNull()) return std::nan("");
+    if (!v->IsNumber()) return invalid_argument(key, std::string(key) + " must be a number");
+    return v->GetDouble();
+  }
+
+  Result<std::string> string(const char* key, std::optional<std::string> fallback = std::nullopt,
+                             size_t max_length = 256) {
+    const rapidjson::Value* v = get(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      return invalid_argument(key, std::string(key) + " is required");
+    }
+    if (!v->IsString()) return invalid_argument(key, std::string(key) + " must be a string");
+    if (v->GetStringLength() > max_length) {
+      return invalid_argument(key, std::string(key) + " is longer than " +
+                                       std::to_string(max_length) + " characters");
+    }
+    return std::string(v->GetString(), v->GetStringLength());
+  }
+
+  Result<bool> boolean(const char* key, bool fallback) {
+    const rapidjson::Value* v = get(key);
+    if (!v) return fallback;
+    if (!v->IsBool()) return invalid_argument(key, std::string(key) + " must be true or false");
+    return v->GetBool();
+  }
+
+  Result<void> no_unknown_fields() const {
+    for (auto it = doc_.MemberBegin(); it != doc_.MemberEnd(); ++it) {
+      const std::string name(it->name.GetString(), it->name.GetStringLength());
+      if (!known_.count(name)) {
+        return invalid_argument(name, "unknown field " + name + " (see docs/API.md)");
+      }
+    }
+    return {};
+  }
+
+ private:
+  rapidjson::Document doc_;
+  std::set<std::string> known_;
+};
+
+#define TC_TRY_ASSIGN(var, expr)                        \
+  auto var##_result = (expr);                           \
+  if (!var##_result) return error_reply(var##_result.error()); \
+  auto var = std::move(*var##_result)
+
+#define TC_TRY_REPLY(expr)                              \
+  do {                                                  \
+    if (auto r_ = (expr); !r_) return error_reply(r_.error()); \
+  } while (0)
+
+constexpr size_t kMaxMetrics = 32;
+
+Result<Completion> read_completion(Body& body) {
+  Completion c;
+  auto loss = body.number("loss");
+  if (!loss) return tl::unexpected(loss.error());
+  c.loss = *loss;
+  auto samples = body.uint("samples", uint64_t{0});
+  if (!samples) return tl::unexpected(samples.error());
+  c.samples = *samples;
+  if (const rapidjson::Value* m = body.get("metrics")) {
+    if (!m->IsObject()) return invalid_argument("metrics", "metrics must be an object of numbers");
+    if (m->MemberCount() > kMaxMetrics) {
+      return invalid_argument("metrics", "at most " + std::to_string(kMaxMetrics) + " metrics");
+    }
+    for (auto it = m->MemberBegin(); it != m->MemberEnd(); ++it) {
+      const std::string name(it->name.GetString(), it->name.GetStringLength());
+      if (name.empty() || name.size() > 64) {
+        return invalid_argument("metrics", "metric names have 1 to 64 characters");
+      }
+      if (!it->value.IsNumber() && !it->value.IsNull()) {
+        return invalid_argument("metrics." + name, "metric " + name + " must be a number");
+      }
+      c.metrics.push_back({name, it->value.IsNull() ? std::nan("") : it->value.GetDouble()});
+    }
+  }
+  return c;
+}
+
+std::string_view order_name(BatchOrder o) {
+  return o == BatchOrder::kSequential ? "sequential" : "shuffled";
+}
+
+std::string_view rule_name(EarlyStopKind k) {
+  return k == EarlyStopKind::kWindow ? "window" : k == EarlyStopKind::kPatience ? "patience" : "none";
+}
+
+void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
+  std::vector<uint64_t> batches;
+  batches.reserve(job.positions.count);
+  run.batches_of(job, &batches);
+  j.begin_object();
+  j.field("lease", job.lease);
+  j.field("attempt", job.attempt);
+  j.field("set", set_name(job.set));
+  j.field("epoch", job.epoch);
+  j.field("index", job.index);
+  j.field("jobs_in_epoch", job.jobs_in_epoch);
+  j.key("batches").begin_array();
+  for (uint64_t b : batches) j.value(b);
+  j.end_array();
+  j.field("lease_expires_in_ms", job.deadline - now);
+  j.end_object();
+}
+
+void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now) {
+  j.begin_object();
+  switch (a.status) {
+    case AcquireStatus::kJob:
+      j.field("status", "job");
+      j.key("job");
+      write_job(j, run, a.job, now);
+      break;
+    case AcquireStatus::kWait:
+      j.field("status", "wait");
+      j.field("retry_after_ms", a.retry_after_ms);
+      break;
+    case AcquireStatus::kFinished:
+      j.field("status", "finished");
+      j.field("state", run_state_name(run.state()));
+      j.field("reason", run.state_reason());
+      break;
+  }
+  j.end_object();
+}
+
+void write_completed(JsonWriter& j, const Completed& c) {
+  j.field("outcome", completion_outcome_name(c.outcome));
+  j.field("counted", c.counted());
+}
+
+HttpReply acquired_reply(const Run& run, const std::optional<Completed>& completed,
+                         const Acquired& a, TimeMs now) {
+  JsonWriter j;
+  if (completed) {
+    j.begin_object();
+    write_completed(j, *completed);
+    j.key("next");
+    write_acquired(j, run, a, now);
+    j.end_object();
+  } else {
+    write_acquired(j, run, a, now);
+  }
+  return ok(j);
+}
+
+void write_config(JsonWriter& j, const RunConfig& c) {
+  j.begin_object();
+  j.field("train_batches", c.train_batches);
+  j.field("dev_batches", c.dev_batches);
+  j.field("batch_size", c.batch_size);
+  j.field("order", order_name(c.order));
+  j.field("seed", c.seed);
+  j.field("epochs", c.epochs);
+  j.field("validation_every", c.validation_every);
+  j.field("gpus_per_worker", c.gpus_per_worker);
+  j.field("iters_per_worker", c.iters_per_worker);
+  j.field("replicas_to_agg", c.replicas_to_agg);
+  j.field("start_step", c.start_step);
+  j.field("seed_compat", c.seed_compat);
+  j.field("overlap_epochs", c.overlap_epochs);
+  j.field("lease_timeout_ms", c.lease_timeout_ms);
+  j.field("max_attempts", c.max_attempts);
+  j.field("on_job_failure", c.on_job_failure == JobFailurePolicy::kSkip ? "skip" : "fail_run");
+  j.field("early_stop", rule_name(c.early_stop.kind));
+  j.end_object();
+}
+
+struct Progress {
+  uint64_t planned = 0, done = 0, failed = 0, running = 0, open = 0;
+  double rate_per_s = 0;
+  std::optional<double> eta_s;
+};
+
+Progress progress_of(const Run& run, TimeMs now) {
+  Progress p;
+  p.planned = run.planned_jobs();
+  for (const Epoch& e : run.epochs()) {
+    p.done += e.done;
+    p.failed += e.failed;
+    p.running += e.leased;
+    if (!e.closed()) p.open += e.open_jobs();
+  }
+  if (!run.epochs().empty()) {
+    const double elapsed_s = static_cast<double>(now - run.epochs().front().opened_at) / 1000.0;
+    if (elapsed_s > 0) p.rate_per_s = static_cast<double>(p.done + p.failed) / elapsed_s;
+  }
+  if (run.state() == RunState::kRunning && p.rate_per_s > 0 && p.planned >= p.done + p.failed) {
+    p.eta_s = static_cast<double>(p.planned - p.done - p.failed) / p.rate_per_s;
+  }
+  return p;
+}
+
+void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
+  j.begin_object();
+  j.field("set", set_name(e.plan.set));
+  j.field("epoch", e.plan.epoch);
+  j.field("first_job", e.plan.first_job);
+  j.field("end_job", e.plan.end_job);
+  j.field("jobs", e.plan.size());
+  j.field("done", e.done);
+  j.field("failed", e.failed);
+  j.field("running", e.leased);
+  j.field("open", e.closed() ? uint64_t{0} : e.open_jobs());
+  j.field("closed", e.closed());
+  j.key("loss");
+  if (e.closed()) {
+    j.value(e.loss);
+  } else {
+    j.null();
+  }
+  j.field("samples", e.samples);
+  j.field("nonfinite_jobs", e.nonfinite_jobs);
+  j.key("metrics").begin_object();
+  for (const Epoch::MetricSum& m : e.metrics) j.field(m.name, e.metric(m.name, true));
+  j.end_object();
+  j.key("failed_jobs").begin_array();
+  for (uint64_t f : e.failed_jobs) j.value(f);
+  j.end_array();
+  j.field("opened_ago_ms", now - e.opened_at);
+  j.key("closed_ago_ms");
+  if (e.closed_at) {
+    j.value(now - *e.closed_at);
+  } else {
+    j.null();
+  }
+  j.end_object();
+}
+
+void write_status(JsonWriter& j, const Run& run, TimeMs now) {
+  const Plan& plan = run.plan();
+  j.begin_object();
+  j.field("run", run.config().name);
+  j.field("state", run_state_name(run.state()));
+  j.field("reason", run.state_reason());
+  j.key("config");
+  write_config(j, run.config());
+  j.key("plan").begin_object();
+  j.field("batches_per_job", plan.batches_per_job);
+  j.field("batches_per_step", plan.batches_per_step);
+  j.field("steps_per_epoch", plan.steps_per_epoch);
+  j.field("start_epoch", plan.start_epoch);
+  j.field("jobs_trained", plan.jobs_trained);
+  j.field("target_epoch", plan.target_epoch);
+  j.field("train_jobs_per_epoch", plan.train_jobs_per_epoch);
+  j.field("dev_jobs_per_epoch", plan.dev_jobs_per_epoch);
+  j.end_object();
+
+  const Progress p = progress_of(run, now);
+  j.key("progress").begin_object();
+  j.field("jobs_planned", p.planned);
+  j.field("jobs_done", p.done);
+  j.field("jobs_failed", p.failed);
+  j.field("jobs_running", p.running);
+  j.field("jobs_open", p.open);
+  j.field("jobs_per_s", p.rate_per_s);
+  j.key("eta_s");
+  if (p.eta_s) {
+    j.value(*p.eta_s);
+  } else {
+    j.null();
+  }
+  j.end_object();
+
+  j.key("current");
+  const Epoch* current = nullptr;
+  for (const Epoch& e : run.epochs()) {
+    if (!e.closed()) {
+      current = &e;
+      break;
+    }
+  }
+  if (current) {
+    write_epoch(j, *current, now);
+  } else {
+    j.null();
+  }
+  j.key("epochs").begin_array();
+  for (const Epoch& e : run.epochs()) write_epoch(j, e, now);
+  j.end_array();
+
+  const EarlyStopState& es = run.early_stop().state();
+  j.key("early_stop").begin_object();
+  j.field("rule", rule_name(run.config().early_stop.kind));
+  j.field("monitor", run.early_stop().monitor());
+  j.key("best_epoch");
+  if (es.best_epoch) {
+    j.value(*es.best_epoch);
+  } else {
+    j.null();
+  }
+  j.field("best_value", es.best_value);
+  j.field("wait", es.wait);
+  j.field("stopped", es.stopped);
+  j.key("stopped_at_epoch");
+  if (es.stopped_at_epoch) {
+    j.value(*es.stopped_at_epoch);
+  } else {
+    j.null();
+  }
+  j.field("reason", es.reason);
+  j.key("observed").begin_array();
+  for (const auto& [epoch, value] : es.observed) {
+    j.begin_object().field("epoch", epoch).field("value", value).end_object();
+  }
+  j.end_array();
+  j.end_object();
+
+  j.key("workers").begin_array();
+  for (size_t i = 0; i < run.workers().size(); ++i) {
+    const WorkerInfo& w = run.workers()[i];
+    j.begin_object();
+    j.field("id", static_cast<uint64_t>(i));
+    j.field("name", w.name);
+    j.field("active", w.active);
+    j.field("jobs_done", w.jobs_done);
+    j.key("leases").begin_array();
+    for (LeaseId l : w.leases) j.value(l);
+    j.end_array();
+    j.field("last_seen_ago_ms", now - w.last_seen);
+    j.end_object();
+  }
+  j.end_array();
+
+  const RunCounters& c = run.counters();
+  j.key("counters").begin_object();
+  j.field("handouts", c.handouts);
+  j.field("rehandouts", c.rehandouts);
+  j.field("lease_expiries", c.lease_expiries);
+  j.field("completions_accepted", c.completions_accepted);
+  j.field("completions_duplicate", c.completions_duplicate);
+  j.field("completions_foreign", c.completions_foreign);
+  j.field("completions_unknown", c.completions_unknown);
+  j.field("failure_reports", c.failure_reports);
+  j.field("jobs_failed", c.jobs_failed);
+  j.field("nonfinite_losses", c.nonfinite_losses);
+  j.end_object();
+
+  constexpr size_t kEventsShown = 50;
+  const auto& events = run.events();
+  j.key("events").begin_array();
+  for (size_t i = events.size() > kEventsShown ? events.size() - kEventsShown : 0;
+       i < events.size(); ++i) {
+    const Event& e = events[i];
+    j.begin_object();
+    j.field("seq", e.seq);
+    j.field("ago_ms", now - e.time);
+    j.field("kind", event_kind_name(e.kind));
+    j.field("text", e.text);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+void write_run_summary(JsonWriter& j, const Run& run, TimeMs now) {
+  const Progress p = progress_of(run, now);
+  j.begin_object();
+  j.field("run", run.config().name);
+  j.field("state", run_state_name(run.state()));
+  j.field("reason", run.state_reason());
+  const Epoch* current = nullptr;
+  for (const Epoch& e : run.epochs()) {
+    if (!e.closed()) current = current ? current : &e;
+  }
+  j.key("epoch");
+  if (current) {
+    j.value(current->plan.epoch);
+  } else {
+    j.null();
+  }
+  j.field("target_epoch", run.plan().target_epoch);
+  j.field("jobs_planned", p.planned);
+  j.field("jobs_done", p.done);
+  uint64_t active = 0;
+  for (const WorkerInfo& w : run.workers()) active += w.active ? 1 : 0;
+  j.field("workers_active", active);
+  j.end_object();
+}
+
+// Splits "/v1/runs/a/acquire?x=1" into {"v1", "runs", "a", "acquire"}.
+std::vector<std::string_view> split_path(std::string_view target) {
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (start <= target.size()) {
+    size_t end = target.find('/', start);
+    if (end == std::string_view::npos) end = target.size();
+    if (end > start) parts.push_back(target.substr(start, end - start));
+    start = end + 1;
+  }
+  return parts;
+}
+
+HttpReply method_not_allowed(std::string_view allow, std::string_view method) {
+  HttpReply r = error_reply(405, "method_not_allowed",
+                            std::string(method) + " is not allowed here; use " + std::string(allow));
+  r.allow = std::string(allow);
+  return r;
+}
+
+Result<WorkerId> worker_field(Body& body, const Run& run) {
+  auto w = body.uint("worker", std::nullopt, UINT32_MAX);
+  if (!w) return tl::unexpected(w.error());
+  if (*w >= run.workers().size()) {
+    return not_found("worker " + std::to_string(*w) + " has not registered with run " +
+                     run.config().name + " (register again: POST /v1/runs/" +
+                     run.config().name + "/workers)");
+  }
+  return static_cast<WorkerId>(*w);
+}
+
+}  // namespace
+
+HttpReply error_reply(int status, std::string_view code, std::string_view message,
+                      std::string_view field) {
+  JsonWriter j;
+  j.begin_object().key("error").begin_object();
+  j.field("code", code).field("message", message);
+  if (!field.empty()) j.field("field", field);
+  j.end_object().end_object();
+  return HttpReply{status, j.str(), {}, "application/json"};
+}
+
+HttpReply error_reply(const Error& e) {
+  return error_reply(http_status(e.code), error_code_name(e.code), e.message, e.field);
+}
+
+void Api::expire_leases() {
+  for (const Run* run : engine_.runs()) {
+    auto r = engine_.find(run->config().name);
+    (*r)->expire_leases();
+  }
+}
+
+std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
+  return route(request);
+}
+
+std::string_view Api::run_of(std::string_view target) {
+  const auto parts = split_path(target);
+  if (parts.size() >= 3 && parts[0] == "v1" && parts[1] == "runs") return parts[2];
+  return {};
+}
+
+std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out) {
+  auto run = engine_.find(parked.run);
+  if (!run) return error_reply(run.error());
+  auto a = (*run)->acquire(parked.worker);
+  if (!a) return error_reply(a.error());
+  if (a->status == AcquireStatus::kWait && !timed_out) return std::nullopt;
+  return acquired_reply(**run, parked.completed, *a, clock_.now());
+}
+
+std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
+  const auto parts = split_path(req.target);
+  const std::string& m = req.method;
+  const TimeMs now = clock_.now();
+
+  if (parts.size() == 1 && parts[0] == "healthz") {
+    if (m != "GET") return method_not_allowed("GET", m);
+    JsonWriter j;
+    j.begin_object().field("status", "ok").field("runs", engine_.runs().size()).end_object();
+    return ok(j);
+  }
+  if (parts.size() < 2 || parts[0] != "v1" || parts[1] != "runs") {
+    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
+  }
+
+  if (parts.size() == 2) {  // /v1/runs
+    if (m == "GET") {
+      JsonWriter j;
+      j.begin_object().key("runs").begin_array();
+      for (const Run* run : engine_.runs()) write_run_summary(j, *run, now);
+      j.end_array().end_object();
+      return ok(j);
+    }
+    if (m == "POST") {
+      auto config = parse_run_config_json(req.body, "run config");
+      if (!config) return error_reply(config.error());
+      auto run = engine_.create_run(std::move(*config));
+      if (!run) return error_reply(run.error());
+      JsonWriter j;
+      write_run_summary(j, **run, now);
+      HttpReply r = ok(j);
+      r.status = 201;
+      return r;
+    }
+    return method_not_allowed("GET, POST", m);
+  }
+
+  auto found = engine_.find(std::string(parts[2]));
+  if (!found) return error_reply(found.error());
+  Run& run = **found;
+
+  if (parts.size() == 3) {  // /v1/runs/{run}
+    if (m != "GET") return method_not_allowed("GET", m);
+    run.expire_leases();
+    JsonWriter j;
+    write_status(j, run, now);
+    return ok(j);
+  }
+  if (parts.size() != 4) {
+    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
+  }
+  const std::string_view action = parts[3];
+  static const std::set<std::string_view> kActions = {
+      "cancel", "workers", "leave", "heartbeat", "acquire", "complete", "fail", "next_index"};
+  if (!kActions.count(action)) {
+    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
+  }
+  if (m != "POST") return method_not_allowed("POST", m);
+  TC_TRY_ASSIGN(body, Body::parse(req.body));
+
+  if (action == "cancel") {
+    TC_TRY_ASSIGN(reason, body.string("reason", std::string("cancelled through the API")));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    run.cancel(reason);
+    JsonWriter j;
+    write_run_summary(j, run, now);
+    return ok(j);
+  }
+  if (action == "workers") {
+    TC_TRY_ASSIGN(name, body.string("name", std::nullopt, 128));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    if (name.empty()) return error_reply(400, "invalid_argument", "name must not be empty", "name");
+    const WorkerId id = run.join(name);
+    JsonWriter j;
+    j.begin_object();
+    j.field("worker", id).field("name", name).field("run", run.config().name);
+    j.field("lease_timeout_ms", run.config().lease_timeout_ms);
+    j.field("heartbeat_interval_ms", std::max<TimeMs>(1, run.config().lease_timeout_ms / 3));
+    j.end_object();
+    return ok(j);
+  }
+  if (action == "next_index") {
+    TC_TRY_ASSIGN(set, body.string("set"));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    if (set != "train" && set != "dev") {
+      return error_reply(400, "invalid_argument", "set must be \"train\" or \"dev\"", "set");
+    }
+    TC_TRY_ASSIGN(index, run.next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
+    JsonWriter j;
+    j.begin_object().field("set", set).field("epoch", index.epoch).field("position", index.position);
+    j.key("batch");
+    if (index.batch) {
+      j.value(*index.batch);
+    } else {
+      j.null();
+    }
+    j.end_object();
+    return ok(j);
+  }
+
+  TC_TRY_ASSIGN(worker, worker_field(body, run));
+  if (action == "leave") {
+    TC_TRY_REPLY(body.no_unknown_fields());
+    TC_TRY_REPLY(run.leave(worker));
+    JsonWriter j;
+    j.begin_object().field("left", true).end_object();
+    return ok(j);
+  }
+  if (action == "heartbeat") {
+    TC_TRY_REPLY(body.no_unknown_fields());
+    TC_TRY_ASSIGN(leases, run.heartbeat(worker));
+    JsonWriter j;
+    j.begin_object().key("leases").begin_array();
+    for (LeaseId l : leases) j.value(l);
+    j.end_array();
+    j.field("lease_timeout_ms", run.config().lease_timeout_ms);
+    j.field("state", run_state_name(run.state()));
+    j.end_object();
+    return ok(j);
+  }
+  if (action == "fail") {
+    TC_TRY_ASSIGN(lease, body.uint("lease"));
+    TC_TRY_ASSIGN(reason, body.string("reason", std::string("no reason given"), 1024));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    TC_TRY_REPLY(run.fail(worker, lease, reason));
+    JsonWriter j;
+    j.begin_object().field("failed", true).end_object();
+    return ok(j);
+  }
+
+  // acquire, complete (with "next": true, complete + acquire)
+  std::optional<Completed> completed;
+  if (action == "complete") {
+    TC_TRY_ASSIGN(lease, body.uint("lease"));
+    TC_TRY_ASSIGN(completion, read_completion(body));
+    TC_TRY_ASSIGN(next, body.boolean("next", false));
+    if (!next) {
+      TC_TRY_REPLY(body.no_unknown_fields());
+      TC_TRY_ASSIGN(done, run.complete(worker, lease, completion));
+      JsonWriter j;
+      j.begin_object();
+      write_completed(j, done);
+      j.end_object();
+      return ok(j);
+    }
+    TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    TC_TRY_ASSIGN(done, run.complete(worker, lease, completion));
+    completed = done;
+    TC_TRY_ASSIGN(a, run.acquire(worker));
+    if (a.status == AcquireStatus::kWait && wait_ms > 0) {
+      return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms),
+                           completed};
+    }
+    return acquired_reply(run, completed, a, now);
+  }
+  // acquire
+  TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+  TC_TRY_REPLY(body.no_unknown_fields());
+  TC_TRY_ASSIGN(a, run.acquire(worker));
+  if (a.status == AcquireStatus::kWait && wait_ms > 0) {
+    return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms),
+                         std::nullopt};
+  }
+  return acquired_reply(run, std::nullopt, a, now);
+}
+
+}  // namespace traincoord

@@ -1,0 +1,76 @@
+// The HTTP/JSON API of the coordinator, without the network: a request (method, target, body)
+// in, a reply (status, JSON body) out. It runs on the engine's thread, owns no socket, and is
+// tested directly (api_test.cc). docs/API.md documents every endpoint.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/engine.h"
+#include "core/run.h"
+
+namespace traincoord {
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string target;  // path and query, e.g. "/v1/runs/a/acquire"
+  std::string body;
+};
+
+struct HttpReply {
+  int status = 200;
+  std::string body;           // JSON
+  std::string allow;          // for 405: the methods the path allows
+  std::string content_type = "application/json";
+};
+
+// An acquire that found nothing to hand out and may wait (long-poll): the server parks it and
+// asks again (Api::retry) when something changes or its deadline passes.
+struct ParkedAcquire {
+  std::string run;
+  WorkerId worker = 0;
+  TimeMs deadline = 0;
+  std::optional<Completed> completed;  // when it came with a completion (complete + next)
+};
+
+class Api {
+ public:
+  // The longest a client may ask an acquire to wait.
+  static constexpr TimeMs kMaxWaitMs = 60'000;
+
+  // REQUIRES: `engine` and `clock` outlive the Api; `clock` is the engine's clock.
+  Api(Engine& engine, const Clock& clock) : engine_(engine), clock_(clock) {}
+
+  // Handles one request: a reply, or an acquire to park.
+  std::variant<HttpReply, ParkedAcquire> handle(const HttpRequest& request);
+
+  // Asks again for a parked acquire. Returns the reply when there is one now (a job, the run
+  // finished, or `timed_out`: then a "wait" with a retry hint); nullopt to keep waiting.
+  std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out);
+
+  // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
+  static std::string_view run_of(std::string_view target);
+
+  // Expires the leases of every run whose deadline has passed.
+  void expire_leases();
+
+  Engine& engine() { return engine_; }
+
+ private:
+  std::variant<HttpReply, ParkedAcquire> route(const HttpRequest& request);
+
+  Engine& engine_;
+  const Clock& clock_;
+};
+
+// The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.
+HttpReply error_reply(int status, std::string_view code, std::string_view message,
+                      std::string_view field = {});
+HttpReply error_reply(const Error& error);
+
+}  // namespace traincoord

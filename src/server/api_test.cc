@@ -1,0 +1,215 @@
+#include "server/api.h"
+
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <string>
+
+namespace traincoord {
+namespace {
+
+class ApiTest : public ::testing::Test {
+ protected:
+  ApiTest() : engine_(clock_), api_(engine_, clock_) {
+    const HttpReply created = reply("POST", "/v1/runs", R"({"name": "r",
+        "data": {"train_batches": 4, "dev_batches": 2, "order": "sequential"},
+        "schedule": {"epochs": 1}, "leases": {"timeout": 1.0}})");
+    EXPECT_EQ(created.status, 201) << created.body;
+  }
+
+  HttpReply reply(const std::string& method, const std::string& target,
+                  const std::string& body = "") {
+    auto r = api_.handle({method, target, body});
+    EXPECT_TRUE(std::holds_alternative<HttpReply>(r)) << target << " parked";
+    return std::holds_alternative<HttpReply>(r) ? std::get<HttpReply>(r) : HttpReply{};
+  }
+
+  rapidjson::Document json(const std::string& method, const std::string& target,
+                           const std::string& body = "", int status = 200) {
+    const HttpReply r = reply(method, target, body);
+    EXPECT_EQ(r.status, status) << method << " " << target << ": " << r.body;
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    EXPECT_FALSE(d.HasParseError()) << r.body;
+    return d;
+  }
+
+  ManualClock clock_;
+  Engine engine_;
+  Api api_;
+};
+
+TEST_F(ApiTest, HealthzAnswers) {
+  auto d = json("GET", "/healthz");
+  EXPECT_STREQ(d["status"].GetString(), "ok");
+}
+
+TEST_F(ApiTest, RegisterAcquireCompleteAndNextInOneCall) {
+  auto w = json("POST", "/v1/runs/r/workers", R"({"name": "host-1"})");
+  EXPECT_EQ(w["worker"].GetUint(), 0u);
+  EXPECT_EQ(w["heartbeat_interval_ms"].GetInt64(), 333);
+  auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  ASSERT_STREQ(a["status"].GetString(), "job");
+  EXPECT_EQ(a["job"]["lease"].GetUint64(), 1u);
+  EXPECT_STREQ(a["job"]["set"].GetString(), "train");
+  EXPECT_EQ(a["job"]["batches"][0].GetUint64(), 0u);
+  auto c = json("POST", "/v1/runs/r/complete",
+                R"({"worker": 0, "lease": 1, "loss": 0.5, "samples": 8, "next": true})");
+  EXPECT_STREQ(c["outcome"].GetString(), "accepted");
+  EXPECT_TRUE(c["counted"].GetBool());
+  EXPECT_STREQ(c["next"]["status"].GetString(), "job");
+  EXPECT_EQ(c["next"]["job"]["index"].GetUint64(), 1u);
+}
+
+TEST_F(ApiTest, ARepeatedCompletionIsIdempotent) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  const std::string done = R"({"worker": 0, "lease": 1, "loss": 0.5, "samples": 8})";
+  EXPECT_STREQ(json("POST", "/v1/runs/r/complete", done)["outcome"].GetString(), "accepted");
+  auto again = json("POST", "/v1/runs/r/complete", done);
+  EXPECT_STREQ(again["outcome"].GetString(), "duplicate");
+  EXPECT_FALSE(again["counted"].GetBool());
+}
+
+TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+
+  auto bad = json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": "low"})",
+                  400);
+  EXPECT_STREQ(bad["error"]["code"].GetString(), "invalid_argument");
+  EXPECT_STREQ(bad["error"]["field"].GetString(), "loss");
+  auto negative = json("POST", "/v1/runs/r/complete",
+                       R"({"worker": 0, "lease": 1, "loss": 1, "samples": -3})", 400);
+  EXPECT_STREQ(negative["error"]["field"].GetString(), "samples");
+  auto typo = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait": 5})", 400);
+  EXPECT_STREQ(typo["error"]["field"].GetString(), "wait");
+  auto foreign = json("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})",
+                      409);
+  EXPECT_STREQ(foreign["error"]["code"].GetString(), "conflict");
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 42, "loss": 1})", 404);
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 7})", 404);
+  json("POST", "/v1/runs/nope/acquire", R"({"worker": 0})", 404);
+  json("GET", "/v1/nothing", "", 404);
+  json("POST", "/v1/runs/r/acquire", "{not json", 400);
+  json("POST", "/v1/runs/r/acquire", "[1, 2]", 400);
+  const HttpReply wrong = reply("GET", "/v1/runs/r/acquire");
+  EXPECT_EQ(wrong.status, 405);
+  EXPECT_EQ(wrong.allow, "POST");
+  EXPECT_EQ(reply("DELETE", "/v1/runs").status, 405);
+  // None of it changed the run: job 0 is still leased to worker 0 and nothing is done.
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
+  EXPECT_EQ(status["progress"]["jobs_running"].GetUint64(), 1u);
+}
+
+TEST_F(ApiTest, NonFiniteLossesAreAcceptedAsData) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  auto c = json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": NaN})");
+  EXPECT_TRUE(c["counted"].GetBool());
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["counters"]["nonfinite_losses"].GetUint64(), 1u);
+}
+
+TEST_F(ApiTest, AcquireParksWhenAskedToWaitAndIsAnsweredWhenWorkAppears) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
+  for (int i = 0; i < 4; ++i) json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  // Nothing open (the train epoch is all handed out): no wait asked, a wait reply at once.
+  auto now = json("POST", "/v1/runs/r/acquire", R"({"worker": 1})");
+  EXPECT_STREQ(now["status"].GetString(), "wait");
+  EXPECT_GT(now["retry_after_ms"].GetInt64(), 0);
+  // Asked to wait: parked.
+  auto parked = api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 1, "wait_ms": 5000})"});
+  ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(parked));
+  const ParkedAcquire p = std::get<ParkedAcquire>(parked);
+  EXPECT_EQ(p.deadline, 5000);
+  EXPECT_FALSE(api_.retry(p, false).has_value());
+  for (int lease = 1; lease <= 4; ++lease) {
+    json("POST", "/v1/runs/r/complete",
+         R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": 1})");
+  }
+  auto answer = api_.retry(p, false);
+  ASSERT_TRUE(answer.has_value());
+  rapidjson::Document d;
+  d.Parse(answer->body.c_str());
+  EXPECT_STREQ(d["status"].GetString(), "job");
+  EXPECT_STREQ(d["job"]["set"].GetString(), "dev");
+}
+
+TEST_F(ApiTest, AParkedAcquireTimesOutWithARetryHint) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  for (int i = 0; i < 4; ++i) json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  auto parked = api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait_ms": 100})"});
+  ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(parked));
+  auto answer = api_.retry(std::get<ParkedAcquire>(parked), true);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_NE(answer->body.find("\"status\":\"wait\""), std::string::npos);
+}
+
+TEST_F(ApiTest, FinishedRunsSayWhy) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/cancel", R"({"reason": "sweep pruned"})");
+  auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  EXPECT_STREQ(a["status"].GetString(), "finished");
+  EXPECT_STREQ(a["state"].GetString(), "cancelled");
+  EXPECT_STREQ(a["reason"].GetString(), "sweep pruned");
+}
+
+TEST_F(ApiTest, HeartbeatListsLiveLeasesAndFailRequeues) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  auto hb = json("POST", "/v1/runs/r/heartbeat", R"({"worker": 0})");
+  ASSERT_EQ(hb["leases"].Size(), 1u);
+  json("POST", "/v1/runs/r/fail", R"({"worker": 0, "lease": 1, "reason": "OOM"})");
+  auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  EXPECT_EQ(a["job"]["index"].GetUint64(), 0u);
+  EXPECT_EQ(a["job"]["attempt"].GetUint(), 2u);
+}
+
+TEST_F(ApiTest, NextIndexCountsPerSet) {
+  auto i = json("POST", "/v1/runs/r/next_index", R"({"set": "train"})");
+  EXPECT_EQ(i["position"].GetUint64(), 0u);
+  EXPECT_EQ(i["batch"].GetUint64(), 0u);
+  EXPECT_EQ(json("POST", "/v1/runs/r/next_index", R"({"set": "train"})")["position"].GetUint64(),
+            1u);
+  json("POST", "/v1/runs/r/next_index", R"({"set": "dev"})", 409);
+  json("POST", "/v1/runs/r/next_index", R"({"set": "test"})", 400);
+}
+
+TEST_F(ApiTest, RunsAreListedCreatedAndRefusedByName) {
+  auto list = json("GET", "/v1/runs");
+  ASSERT_EQ(list["runs"].Size(), 1u);
+  EXPECT_STREQ(list["runs"][0]["run"].GetString(), "r");
+  json("POST", "/v1/runs", R"({"name": "r", "data": {"train_batches": 4}})", 409);
+  auto bad = json("POST", "/v1/runs", R"({"name": "s", "data": {"train_batches": 0}})", 400);
+  EXPECT_STREQ(bad["error"]["field"].GetString(), "data.train_batches");
+  json("POST", "/v1/runs", R"({"name": "s", "data": {"train_batches": 4}})", 201);
+  EXPECT_EQ(json("GET", "/v1/runs")["runs"].Size(), 2u);
+}
+
+TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  for (int lease = 1; lease <= 4; ++lease) {
+    json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+    json("POST", "/v1/runs/r/complete",
+         R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": )" +
+             std::to_string(lease) + R"(, "samples": 1, "metrics": {"accuracy": 0.5}})");
+  }
+  auto s = json("GET", "/v1/runs/r");
+  EXPECT_STREQ(s["state"].GetString(), "running");
+  ASSERT_EQ(s["epochs"].Size(), 2u);
+  EXPECT_DOUBLE_EQ(s["epochs"][0]["loss"].GetDouble(), 2.5);
+  EXPECT_DOUBLE_EQ(s["epochs"][0]["metrics"]["accuracy"].GetDouble(), 0.5);
+  EXPECT_STREQ(s["current"]["set"].GetString(), "dev");
+  EXPECT_EQ(s["workers"][0]["jobs_done"].GetUint64(), 4u);
+  EXPECT_STREQ(s["early_stop"]["rule"].GetString(), "none");
+  EXPECT_GT(s["events"].Size(), 0u);
+  EXPECT_EQ(s["progress"]["jobs_planned"].GetUint64(), 6u);
+}
+
+}  // namespace
+}  // namespace traincoord

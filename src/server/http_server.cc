@@ -1,0 +1,334 @@
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it (docs: STACK.md)
+
+#include "server/http_server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace traincoord {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+// A request on its way to the engine thread, and the way back to its connection.
+struct Call {
+  HttpRequest request;
+  std::function<void(HttpReply)> respond;
+};
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(Engine& engine, const Clock& clock, ServerOptions options)
+      : api_(engine, clock), clock_(clock), options_(std::move(options)) {
+    const int n = std::max(1, options_.io_threads);
+    for (int i = 0; i < n; ++i) {
+      ios_.push_back(std::make_unique<asio::io_context>(1));
+      guards_.emplace_back(asio::make_work_guard(*ios_.back()));
+    }
+    acceptor_.emplace(*ios_[0]);
+  }
+
+  ~Impl() { stop(); }
+
+  Result<uint16_t> start() {
+    beast::error_code ec;
+    const auto address = asio::ip::make_address(options_.host, ec);
+    if (ec) return invalid_argument("listen", "cannot parse listen address " + options_.host);
+    const tcp::endpoint endpoint(address, options_.port);
+    acceptor_->open(endpoint.protocol(), ec);
+    if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_->bind(endpoint, ec);
+    if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return invalid_argument("listen", "cannot listen on " + options_.host + ":" +
+                                            std::to_string(options_.port) + ": " + ec.message());
+    }
+    const uint16_t port = acceptor_->local_endpoint().port();
+    engine_thread_ = std::thread([this] { engine_loop(); });
+    do_accept();
+    for (auto& io : ios_) threads_.emplace_back([&io] { io->run(); });
+    return port;
+  }
+
+  void wait() {
+    std::unique_lock lock(stop_mu_);
+    stop_cv_.wait(lock, [this] { return stop_requested_; });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(stop_mu_);
+      if (stopped_) return;
+      stopped_ = stop_requested_ = true;
+    }
+    stop_cv_.notify_all();
+    {
+      std::lock_guard lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    if (engine_thread_.joinable()) engine_thread_.join();
+    asio::post(*ios_[0], [this] {
+      beast::error_code ignored;
+      acceptor_->close(ignored);
+    });
+    for (auto& g : guards_) g.reset();
+    for (auto& io : ios_) io->stop();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  // From any I/O thread: hands a request to the engine thread.
+  void submit(Call call) {
+    {
+      std::lock_guard lock(queue_mu_);
+      if (stopping_) return;
+      queue_.push_back(std::move(call));
+    }
+    queue_cv_.notify_one();
+  }
+
+  const ServerOptions& options() const { return options_; }
+
+ private:
+  class Session;
+
+  void do_accept();
+
+  struct Parked {
+    ParkedAcquire acquire;
+    std::function<void(HttpReply)> respond;
+  };
+
+  // The engine thread: takes every queued request at once, answers them in order, then gives
+  // parked acquires of the runs those requests touched another try.
+  void engine_loop() {
+    constexpr TimeMs kTickMs = 50;  // lease expiries and long-poll deadlines are checked this often
+    std::vector<Call> batch;
+    TimeMs last_tick = clock_.now();
+    while (true) {
+      {
+        std::unique_lock lock(queue_mu_);
+        queue_cv_.wait_for(lock, std::chrono::milliseconds(next_wakeup_ms(kTickMs)),
+                           [this] { return !queue_.empty() || stopping_; });
+        if (stopping_) return;
+        batch.swap(queue_);
+      }
+      std::vector<std::string> touched;
+      for (Call& call : batch) {
+        auto result = api_.handle(call.request);
+        if (auto* reply = std::get_if<HttpReply>(&result)) {
+          call.respond(std::move(*reply));
+        } else {
+          auto& acquire = std::get<ParkedAcquire>(result);
+          parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.respond)});
+        }
+        if (call.request.method != "GET") touched.emplace_back(Api::run_of(call.request.target));
+      }
+      batch.clear();
+      const TimeMs now = clock_.now();
+      if (now - last_tick >= kTickMs) {
+        last_tick = now;
+        api_.expire_leases();
+        for (auto& [run, queue] : parked_) serve_parked(queue, now);
+      } else {
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (const std::string& run : touched) {
+          auto it = parked_.find(run);
+          if (it != parked_.end()) serve_parked(it->second, now);
+        }
+      }
+      std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
+    }
+  }
+
+  // Answers parked acquires in arrival order while there is an answer; then times out those
+  // whose wait has run out.
+  void serve_parked(std::deque<Parked>& queue, TimeMs now) {
+    while (!queue.empty()) {
+      auto reply = api_.retry(queue.front().acquire, false);
+      if (!reply) break;  // nothing for the first: nothing for the others either
+      queue.front().respond(std::move(*reply));
+      queue.pop_front();
+    }
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (it->acquire.deadline <= now) {
+        it->respond(*api_.retry(it->acquire, true));
+        it = queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  TimeMs next_wakeup_ms(TimeMs tick) const {
+    TimeMs wake = tick;
+    const TimeMs now = clock_.now();
+    for (const auto& [run, queue] : parked_) {
+      for (const Parked& p : queue) wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
+    }
+    return wake;
+  }
+
+  Api api_;
+  const Clock& clock_;
+  ServerOptions options_;
+
+  std::vector<std::unique_ptr<asio::io_context>> ios_;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+  std::optional<tcp::acceptor> acceptor_;
+  size_t next_io_ = 0;
+  std::vector<std::thread> threads_;
+  std::thread engine_thread_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::vector<Call> queue_;
+  bool stopping_ = false;
+
+  std::map<std::string, std::deque<Parked>> parked_;  // engine thread only
+
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_requested_ = false;
+  bool stopped_ = false;
+};
+
+// One connection: read a request, hand it to the engine, write the reply, read the next. The
+// next request is read only after the reply is written, so pipelined requests (already in the
+// buffer) are answered in order.
+class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, Impl& server) : stream_(std::move(socket)), server_(server) {}
+
+  void start() { read(); }
+
+ private:
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(server_.options().max_body_bytes);
+    parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
+    stream_.expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_read(ec);
+                     });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
+        ec == asio::error::eof) {
+      close();
+      return;
+    }
+    if (ec == http::error::body_limit) {
+      fail(error_reply(413, "payload_too_large",
+                       "the body is larger than " +
+                           std::to_string(server_.options().max_body_bytes) + " bytes"));
+      return;
+    }
+    if (ec == http::error::header_limit) {
+      fail(error_reply(431, "headers_too_large", "the request headers are too large"));
+      return;
+    }
+    if (ec) {
+      fail(error_reply(400, "bad_request", "malformed HTTP request: " + ec.message()));
+      return;
+    }
+    http::request<http::string_body> req = parser_->release();
+    keep_alive_ = req.keep_alive();
+    const bool has_body = req.has_content_length() || req.chunked();
+    if (req.method() == http::verb::post && !has_body) {
+      write(error_reply(411, "length_required", "a POST needs a Content-Length header"));
+      return;
+    }
+    Call call;
+    call.request.method = std::string(req.method_string());
+    call.request.target = std::string(req.target());
+    call.request.body = std::move(req.body());
+    call.respond = [self = shared_from_this()](HttpReply reply) {
+      asio::post(self->stream_.get_executor(),
+                 [self, reply = std::move(reply)]() mutable { self->write(std::move(reply)); });
+    };
+    server_.submit(std::move(call));
+  }
+
+  // Answers a request that could not be read, then closes: the stream is out of step.
+  void fail(HttpReply reply) {
+    keep_alive_ = false;
+    write(std::move(reply));
+  }
+
+  void write(HttpReply reply) {
+    response_ = {};
+    response_.version(11);
+    response_.result(static_cast<http::status>(reply.status));
+    response_.set(http::field::server, "traincoord");
+    response_.set(http::field::content_type, reply.content_type);
+    if (!reply.allow.empty()) response_.set(http::field::allow, reply.allow);
+    response_.keep_alive(keep_alive_);
+    response_.body() = std::move(reply.body);
+    response_.prepare_payload();
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec || !self->keep_alive_) {
+                          self->close();
+                        } else {
+                          self->read();
+                        }
+                      });
+  }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  Impl& server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::response<http::string_body> response_;
+  bool keep_alive_ = true;
+};
+
+void HttpServer::Impl::do_accept() {
+  asio::io_context& io = *ios_[next_io_++ % ios_.size()];
+  acceptor_->async_accept(io, [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_->is_open()) return;
+    if (!ec) {
+      socket.set_option(tcp::no_delay(true), ec);
+      std::make_shared<Session>(std::move(socket), *this)->start();
+    }
+    do_accept();
+  });
+}
+
+HttpServer::HttpServer(Engine& engine, const Clock& clock, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, clock, std::move(options))) {}
+HttpServer::~HttpServer() = default;
+Result<uint16_t> HttpServer::start() { return impl_->start(); }
+void HttpServer::wait() { impl_->wait(); }
+void HttpServer::stop() { impl_->stop(); }
+
+}  // namespace traincoord

@@ -1,0 +1,50 @@
+// The coordinator on the network: HTTP/1.1 (keep-alive, pipelined requests answered in order)
+// with Boost.Beast. I/O threads parse requests and hand them, through one queue, to the engine
+// thread, which owns the Engine (no lock inside it), answers them in batches, and parks
+// long-polling acquires until there is work or their wait runs out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/engine.h"
+#include "core/error.h"
+#include "server/api.h"
+
+namespace traincoord {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8470;  // 0: any free port (start() says which)
+  int io_threads = 1;
+  size_t max_body_bytes = 1 << 20;
+  size_t max_header_bytes = 16 << 10;
+  int idle_timeout_s = 600;  // a connection with no request for this long is closed
+};
+
+class HttpServer {
+ public:
+  // REQUIRES: `engine` and `clock` (the engine's clock) outlive the server. From start() on,
+  // only the server's engine thread touches the engine.
+  HttpServer(Engine& engine, const Clock& clock, ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the threads. Returns the port it listens on, or an error that
+  // says why it could not (address in use, bad address).
+  Result<uint16_t> start();
+  // Blocks until stop() is called (from another thread or a signal handler's thread).
+  void wait();
+  // Stops accepting, closes every connection and joins the threads. Idempotent.
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace traincoord
