@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(job_ms));
     // A synthetic loss that falls with the epoch: enough to watch a loss curve move.
-    const double loss = 1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
-    traincoord::client::Completion done{loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
+    const double loss =
+        1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
+    traincoord::client::Completion done{
+        loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
     auto next = w.complete_and_next(j, done);
     if (next && w.last_completed().counted) {
       std::string batches;

@@ -13,13 +13,15 @@ int main(int argc, char** argv) {
 
   SimulateArgs sim_args;
   CLI::App* sim = app.add_subcommand(
-      "simulate", "Dry-run a run config with simulated workers: the plan, every hand-out, the "
-                  "epoch losses and early stopping");
+      "simulate",
+      "Dry-run a run config with simulated workers: the plan, every hand-out, the "
+      "epoch losses and early stopping");
   sim->add_option("--config", sim_args.config, "the run config (TOML)")->required();
   sim->add_option("--workers", sim_args.workers, "simulated workers")->check(CLI::Range(1, 100000));
   sim->add_option("--losses", sim_args.losses,
                   "a file of 'SET EPOCH LOSS' lines: the loss each job of that epoch reports");
-  sim->add_option("--loss", sim_args.loss, "the loss of every epoch the --losses file does not list");
+  sim->add_option("--loss", sim_args.loss,
+                  "the loss of every epoch the --losses file does not list");
   sim->add_option("--order", sim_args.order, "which holding worker finishes next")
       ->check(CLI::IsMember({"fifo", "lifo", "random"}));
   sim->add_option("--seed", sim_args.seed, "the seed of --order random");

@@ -67,8 +67,8 @@ int serve(const ServeArgs& args) {
 
   ServerOptions options;
   if (!split_listen(args.listen, &options.host, &options.port)) {
-    std::cerr << "traincoord: --listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got "
-              << args.listen << ")\n";
+    std::cerr << "traincoord: --listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " << args.listen
+              << ")\n";
     return 2;
   }
   options.io_threads = args.io_threads;

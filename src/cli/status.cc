@@ -92,8 +92,8 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   for (const auto& w : r["workers"].GetArray()) {
     char line[160];
     std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %.1f s ago%s\n", w["name"].GetString(),
-                  static_cast<unsigned long long>(w["jobs_done"].GetUint64()),
-                  w["leases"].Size(), w["last_seen_ago_ms"].GetDouble() / 1000.0,
+                  static_cast<unsigned long long>(w["jobs_done"].GetUint64()), w["leases"].Size(),
+                  w["last_seen_ago_ms"].GetDouble() / 1000.0,
                   w["active"].GetBool() ? "" : " (left)");
     out << line;
   }
@@ -170,7 +170,8 @@ int status(const StatusArgs& args) {
     if (args.watch) std::cout << "\x1b[H\x1b[2J";  // home, clear screen
     std::cout << out.str() << std::flush;
     if (!args.watch || std::string(d["state"].GetString()) != "running") return 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(args.interval_s * 1000)));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(static_cast<int64_t>(args.interval_s * 1000)));
   }
 }
 

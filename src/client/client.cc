@@ -11,10 +11,10 @@
 #include <random>
 #include <thread>
 
+#include <rapidjson/document.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <rapidjson/document.h>
 
 #include "json/json_writer.h"
 
@@ -37,13 +37,14 @@ Result<Endpoint> parse_url(const std::string& url) {
   std::string rest = url;
   if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
   if (rest.rfind("https://", 0) == 0) {
-    return tl::unexpected(ClientError{0, "invalid_argument", "https is not supported yet: " + url, "url"});
+    return tl::unexpected(
+        ClientError{0, "invalid_argument", "https is not supported yet: " + url, "url"});
   }
   if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
   const auto colon = rest.rfind(':');
   if (colon == std::string::npos || colon + 1 == rest.size()) {
-    return tl::unexpected(
-        ClientError{0, "invalid_argument", "the url needs a port, e.g. http://HOST:8470: " + url, "url"});
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "the url needs a port, e.g. http://HOST:8470: " + url, "url"});
   }
   Endpoint e{rest.substr(0, colon), rest.substr(colon + 1)};
   if (e.host.size() >= 2 && e.host.front() == '[') e.host = e.host.substr(1, e.host.size() - 2);
@@ -59,7 +60,8 @@ ClientError error_from(int status, const std::string& body) {
   if (!d.HasParseError() && d.IsObject() && d.HasMember("error") && d["error"].IsObject()) {
     const auto& err = d["error"];
     if (err.HasMember("code") && err["code"].IsString()) e.code = err["code"].GetString();
-    if (err.HasMember("message") && err["message"].IsString()) e.message = err["message"].GetString();
+    if (err.HasMember("message") && err["message"].IsString())
+      e.message = err["message"].GetString();
     if (err.HasMember("field") && err["field"].IsString()) e.field = err["field"].GetString();
   }
   return e;
@@ -140,7 +142,8 @@ class Connection {
     }
     beast::error_code result;
     stream_.expires_after(connect_timeout_);
-    stream_.async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) { result = e; });
+    stream_.async_connect(endpoints,
+                          [&](beast::error_code e, const tcp::endpoint&) { result = e; });
     io_.restart();
     io_.run();
     if (result) {
@@ -206,7 +209,8 @@ Result<void> Worker::register_worker() {
   rapidjson::Document d;
   d.Parse(reply->c_str());
   if (d.HasParseError() || !d.IsObject() || !d.HasMember("worker")) {
-    return tl::unexpected(ClientError{200, "bad_reply", "unexpected registration reply: " + *reply, {}});
+    return tl::unexpected(
+        ClientError{200, "bad_reply", "unexpected registration reply: " + *reply, {}});
   }
   id_ = d["worker"].GetUint();
   if (d.HasMember("heartbeat_interval_ms")) {
@@ -225,8 +229,8 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
   milliseconds backoff = options_.initial_backoff;
   std::mt19937_64 rng(std::random_device{}());
   while (true) {
-    auto res = connection_->request(http::verb::post, target, body,
-                                    options_.request_timeout + extra_wait);
+    auto res =
+        connection_->request(http::verb::post, target, body, options_.request_timeout + extra_wait);
     ClientError error;
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
@@ -236,11 +240,11 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     const auto now = std::chrono::steady_clock::now();
     if (!failing_since) failing_since = now;
     if (now - *failing_since >= first_failure_limit) {
-      error.message = "the coordinator at " + options_.url + " has not answered for " +
-                      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                         now - *failing_since)
-                                         .count()) +
-                      " s; giving up (last error: " + error.message + ")";
+      error.message =
+          "the coordinator at " + options_.url + " has not answered for " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::seconds>(now - *failing_since).count()) +
+          " s; giving up (last error: " + error.message + ")";
       return tl::unexpected(error);
     }
     const auto sleep = milliseconds(std::uniform_int_distribution<int64_t>(
@@ -290,7 +294,10 @@ Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
 Result<std::optional<Job>> Worker::next() {
   while (true) {
     JsonWriter j;
-    j.begin_object().field("worker", id_.load()).field("wait_ms", options_.long_poll.count()).end_object();
+    j.begin_object()
+        .field("worker", id_.load())
+        .field("wait_ms", options_.long_poll.count())
+        .end_object();
     auto reply = call("acquire", j.str(), options_.long_poll);
     if (!reply && reply.error().code == "not_found" &&
         reply.error().message.find("has not registered") != std::string::npos) {
@@ -380,7 +387,8 @@ void Worker::heartbeat_loop() {
   Connection connection(*endpoint, options_.connect_timeout);
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
-  while (!heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
+  while (
+      !heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
     lock.unlock();
     JsonWriter j;
     j.begin_object().field("worker", id_.load()).end_object();

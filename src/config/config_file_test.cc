@@ -161,8 +161,8 @@ TEST(ConfigJson, RefusesWhatTomlRefusesNamingTheField) {
   auto c = parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1.5}})", "request");
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error().field, "data.train_batches");
-  auto unknown = parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1}, "x": 1})",
-                                       "request");
+  auto unknown =
+      parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1}, "x": 1})", "request");
   ASSERT_FALSE(unknown);
   EXPECT_EQ(unknown.error().field, "x");
   auto bad = parse_run_config_json("{not json", "request");

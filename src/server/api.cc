@@ -43,10 +43,10 @@ class Body {
     // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
     b.doc_.Parse<rapidjson::kParseNanAndInfFlag>(text.data(), text.size());
     if (b.doc_.HasParseError()) {
-      return invalid_argument("", "the body is not valid JSON: " +
-                                      std::string(rapidjson::GetParseError_En(
-                                          b.doc_.GetParseError())) +
-                                      " at offset " + std::to_string(b.doc_.GetErrorOffset()));
+      return invalid_argument(
+          "", "the body is not valid JSON: " +
+                  std::string(rapidjson::GetParseError_En(b.doc_.GetParseError())) + " at offset " +
+                  std::to_string(b.doc_.GetErrorOffset()));
     }
     if (!b.doc_.IsObject()) return invalid_argument("", "the body must be a JSON object");
     return b;
@@ -66,8 +66,8 @@ class Body {
       return invalid_argument(key, std::string(key) + " is required");
     }
     if (!v->IsUint64() || v->GetUint64() > max) {
-      return invalid_argument(key, std::string(key) + " must be an integer from 0 to " +
-                                       std::to_string(max));
+      return invalid_argument(
+          key, std::string(key) + " must be an integer from 0 to " + std::to_string(max));
     }
     return v->GetUint64();
   }
@@ -90,8 +90,8 @@ class Body {
     }
     if (!v->IsString()) return invalid_argument(key, std::string(key) + " must be a string");
     if (v->GetStringLength() > max_length) {
-      return invalid_argument(key, std::string(key) + " is longer than " +
-                                       std::to_string(max_length) + " characters");
+      return invalid_argument(
+          key, std::string(key) + " is longer than " + std::to_string(max_length) + " characters");
     }
     return std::string(v->GetString(), v->GetStringLength());
   }
@@ -118,13 +118,13 @@ class Body {
   std::set<std::string> known_;
 };
 
-#define TC_TRY_ASSIGN(var, expr)                        \
-  auto var##_result = (expr);                           \
+#define TC_TRY_ASSIGN(var, expr)                               \
+  auto var##_result = (expr);                                  \
   if (!var##_result) return error_reply(var##_result.error()); \
   auto var = std::move(*var##_result)
 
-#define TC_TRY_REPLY(expr)                              \
-  do {                                                  \
+#define TC_TRY_REPLY(expr)                                     \
+  do {                                                         \
     if (auto r_ = (expr); !r_) return error_reply(r_.error()); \
   } while (0)
 
@@ -162,7 +162,9 @@ std::string_view order_name(BatchOrder o) {
 }
 
 std::string_view rule_name(EarlyStopKind k) {
-  return k == EarlyStopKind::kWindow ? "window" : k == EarlyStopKind::kPatience ? "patience" : "none";
+  return k == EarlyStopKind::kWindow     ? "window"
+         : k == EarlyStopKind::kPatience ? "patience"
+                                         : "none";
 }
 
 void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
@@ -473,8 +475,9 @@ std::vector<std::string_view> split_path(std::string_view target) {
 }
 
 HttpReply method_not_allowed(std::string_view allow, std::string_view method) {
-  HttpReply r = error_reply(405, "method_not_allowed",
-                            std::string(method) + " is not allowed here; use " + std::string(allow));
+  HttpReply r =
+      error_reply(405, "method_not_allowed",
+                  std::string(method) + " is not allowed here; use " + std::string(allow));
   r.allow = std::string(allow);
   return r;
 }
@@ -484,8 +487,8 @@ Result<WorkerId> worker_field(Body& body, const Run& run) {
   if (!w) return tl::unexpected(w.error());
   if (*w >= run.workers().size()) {
     return not_found("worker " + std::to_string(*w) + " has not registered with run " +
-                     run.config().name + " (register again: POST /v1/runs/" +
-                     run.config().name + "/workers)");
+                     run.config().name + " (register again: POST /v1/runs/" + run.config().name +
+                     "/workers)");
   }
   return static_cast<WorkerId>(*w);
 }
@@ -584,8 +587,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }
   const std::string_view action = parts[3];
-  static const std::set<std::string_view> kActions = {
-      "cancel", "workers", "leave", "heartbeat", "acquire", "complete", "fail", "next_index"};
+  static const std::set<std::string_view> kActions = {"cancel",  "workers",  "leave", "heartbeat",
+                                                      "acquire", "complete", "fail",  "next_index"};
   if (!kActions.count(action)) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }
@@ -621,7 +624,10 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     }
     TC_TRY_ASSIGN(index, run.next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
     JsonWriter j;
-    j.begin_object().field("set", set).field("epoch", index.epoch).field("position", index.position);
+    j.begin_object()
+        .field("set", set)
+        .field("epoch", index.epoch)
+        .field("position", index.position);
     j.key("batch");
     if (index.batch) {
       j.value(*index.batch);

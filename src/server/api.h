@@ -24,8 +24,8 @@ struct HttpRequest {
 
 struct HttpReply {
   int status = 200;
-  std::string body;           // JSON
-  std::string allow;          // for 405: the methods the path allows
+  std::string body;   // JSON
+  std::string allow;  // for 405: the methods the path allows
   std::string content_type = "application/json";
 };
 

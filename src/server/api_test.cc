@@ -77,8 +77,8 @@ TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
   json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
   json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
 
-  auto bad = json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": "low"})",
-                  400);
+  auto bad =
+      json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": "low"})", 400);
   EXPECT_STREQ(bad["error"]["code"].GetString(), "invalid_argument");
   EXPECT_STREQ(bad["error"]["field"].GetString(), "loss");
   auto negative = json("POST", "/v1/runs/r/complete",
@@ -86,8 +86,8 @@ TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
   EXPECT_STREQ(negative["error"]["field"].GetString(), "samples");
   auto typo = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait": 5})", 400);
   EXPECT_STREQ(typo["error"]["field"].GetString(), "wait");
-  auto foreign = json("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})",
-                      409);
+  auto foreign =
+      json("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})", 409);
   EXPECT_STREQ(foreign["error"]["code"].GetString(), "conflict");
   json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 42, "loss": 1})", 404);
   json("POST", "/v1/runs/r/acquire", R"({"worker": 7})", 404);

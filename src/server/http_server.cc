@@ -183,7 +183,8 @@ class HttpServer::Impl {
     TimeMs wake = tick;
     const TimeMs now = clock_.now();
     for (const auto& [run, queue] : parked_) {
-      for (const Parked& p : queue) wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
+      for (const Parked& p : queue)
+        wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
     }
     return wake;
   }
@@ -227,10 +228,9 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
     stream_.expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_read(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {

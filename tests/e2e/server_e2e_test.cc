@@ -1,0 +1,426 @@
+// End-to-end tests of `traincoord serve`: the real binary on a free loopback port, driven by
+// the C++ client, by raw HTTP, and by the example worker program.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "config/config_file.h"
+#include "server_process.h"
+#include "sim/simulation.h"
+#include "traincoord/client.h"
+
+namespace traincoord {
+namespace {
+
+using testing::raw_exchange;
+using testing::run_command;
+using testing::ServerProcess;
+using testing::TempDir;
+
+constexpr const char* kRun = R"(
+name = "e2e"
+[data]
+train_batches = 30
+dev_batches = 6
+order = "shuffled"
+seed = 3
+[schedule]
+epochs = 3
+iters_per_worker = 2
+[leases]
+timeout = 0.5
+)";
+
+rapidjson::Document parse(const std::string& text) {
+  rapidjson::Document d;
+  d.Parse(text.c_str());
+  EXPECT_FALSE(d.HasParseError()) << text;
+  return d;
+}
+
+// What the workers were told was counted, per (set, epoch): the batches trained.
+class Ledger {
+ public:
+  void add(const std::string& set, int64_t epoch, const std::vector<uint64_t>& batches) {
+    std::lock_guard lock(mu_);
+    auto& b = batches_[{set, epoch}];
+    b.insert(batches.begin(), batches.end());
+  }
+  // Lines "accepted SET EPOCH INDEX B,B,..." from example_worker.
+  void add_output(const std::string& output) {
+    std::istringstream in(output);
+    std::string word, set, list;
+    int64_t epoch;
+    uint64_t index;
+    while (in >> word) {
+      if (word != "accepted") {
+        std::getline(in, word);
+        continue;
+      }
+      in >> set >> epoch >> index >> list;
+      std::vector<uint64_t> batches;
+      std::istringstream items(list);
+      for (std::string item; std::getline(items, item, ',');) batches.push_back(std::stoull(item));
+      add(set, epoch, batches);
+    }
+  }
+  // Every batch of every planned epoch exactly once.
+  void expect_exactly_once(uint64_t train, uint64_t dev, int64_t epochs) const {
+    for (int64_t e = 0; e < epochs; ++e) {
+      for (const auto& [set, n] :
+           {std::pair<std::string, uint64_t>{"train", train}, {"dev", dev}}) {
+        auto it = batches_.find({set, e});
+        ASSERT_NE(it, batches_.end()) << set << " epoch " << e << " never trained";
+        EXPECT_EQ(it->second.size(), n) << set << " epoch " << e;
+        for (uint64_t b = 0; b < n; ++b) {
+          EXPECT_EQ(it->second.count(b), 1u) << set << " epoch " << e << " batch " << b;
+        }
+      }
+    }
+    EXPECT_EQ(batches_.size(), static_cast<size_t>(2 * epochs));
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<std::string, int64_t>, std::multiset<uint64_t>> batches_;
+};
+
+client::Options options_for(const ServerProcess& server, const std::string& name) {
+  client::Options o;
+  o.url = server.url();
+  o.run = "e2e";
+  o.worker_name = name;
+  o.long_poll = std::chrono::milliseconds(2000);
+  o.give_up_after = std::chrono::milliseconds(20000);
+  return o;
+}
+
+// A worker loop on the C++ client; returns how the run finished.
+std::string work(const client::Options& options, Ledger* ledger) {
+  auto worker = client::Worker::connect(options);
+  if (!worker) return "connect failed: " + worker.error().message;
+  auto job = (*worker)->next();
+  while (job && *job) {
+    const client::Job j = **job;
+    job = (*worker)->complete_and_next(
+        j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}});
+    if (job && (*worker)->last_completed().counted) ledger->add(j.set, j.epoch, j.batches);
+  }
+  if (!job) return "error: " + job.error().message;
+  return (*worker)->finished()->state;
+}
+
+class ServerE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = dir_.write("e2e.toml", kRun);
+    server_ = ServerProcess::start({"--config", config_});
+    ASSERT_NE(server_, nullptr);
+  }
+
+  rapidjson::Document status() {
+    auto body = client::get(server_->url(), "/v1/runs/e2e");
+    EXPECT_TRUE(body) << body.error().message;
+    return parse(body ? *body : "{}");
+  }
+
+  TempDir dir_;
+  std::string config_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(ServerE2E, ClientWorkersFinishTheRunWithEveryBatchTrainedOnce) {
+  Ledger ledger;
+  std::vector<std::string> results(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = work(options_for(*server_, "t" + std::to_string(i)), &ledger); });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& r : results) EXPECT_EQ(r, "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+  auto s = status();
+  EXPECT_STREQ(s["state"].GetString(), "completed");
+  ASSERT_EQ(s["epochs"].Size(), 6u);
+  EXPECT_NEAR(s["epochs"][0]["loss"].GetDouble(), 0.1, 1e-12);
+  EXPECT_NEAR(s["epochs"][4]["loss"].GetDouble(), 0.3, 1e-12);
+}
+
+TEST_F(ServerE2E, AKilledWorkersJobIsHandedToAnotherAfterItsLeaseExpires) {
+  // The example worker dies (no goodbye) while holding its third job.
+  int exit_status = 0;
+  const std::string died =
+      run_command(std::string(EXAMPLE_WORKER_BIN) + " --url " + server_->url() +
+                      " --run e2e --name doomed --die-after 2",
+                  &exit_status);
+  EXPECT_EQ(exit_status, 137);
+  ASSERT_NE(died.find("dying while holding train 0 2"), std::string::npos) << died;
+  Ledger ledger;
+  ledger.add_output(died);
+
+  // Two survivors (one example worker process, one client thread) finish the run.
+  std::string survivor_output;
+  std::thread process([&] {
+    survivor_output = run_command(std::string(EXAMPLE_WORKER_BIN) + " --url " + server_->url() +
+                                  " --run e2e --name survivor --job-ms 1");
+  });
+  EXPECT_EQ(work(options_for(*server_, "thread"), &ledger), "completed");
+  process.join();
+  ledger.add_output(survivor_output);
+  ledger.expect_exactly_once(30, 6, 3);
+
+  auto s = status();
+  EXPECT_STREQ(s["state"].GetString(), "completed");
+  EXPECT_GE(s["counters"]["lease_expiries"].GetUint64(), 1u);
+  EXPECT_GE(s["counters"]["rehandouts"].GetUint64(), 1u);
+}
+
+TEST_F(ServerE2E, MalformedRequestsGetClearErrorsAndChangeNothing) {
+  const uint16_t port = server_->port();
+  EXPECT_EQ(raw_exchange(port, "HELLO THERE\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  EXPECT_EQ(raw_exchange(port, "POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\n\r\n", 500)
+                .rfind("HTTP/1.1 411", 0),
+            0u);
+  const std::string big = "POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                          std::to_string(4 << 20) + "\r\n\r\n" + std::string(1 << 16, 'x');
+  EXPECT_EQ(raw_exchange(port, big).rfind("HTTP/1.1 413", 0), 0u);
+  const std::string bad_json =
+      "POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{\"a\":";
+  const std::string reply = raw_exchange(port, bad_json, 500);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  EXPECT_NE(reply.find("not valid JSON"), std::string::npos);
+  EXPECT_EQ(raw_exchange(port, "DELETE /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\n\r\n", 500)
+                .rfind("HTTP/1.1 405", 0),
+            0u);
+  EXPECT_EQ(
+      raw_exchange(port, "GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 500).rfind("HTTP/1.1 404", 0),
+      0u);
+
+  // Pipelined requests in one write are answered in order on the same connection.
+  const std::string two =
+      "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+      "POST /v1/runs/e2e/workers HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n"
+      "{\"name\": \"p1\"}\n"
+      "GET /v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string replies = raw_exchange(port, two);
+  const auto first = replies.find("\"status\":\"ok\"");
+  const auto second = replies.find("\"worker\":0");
+  const auto third = replies.find("\"runs\":[");
+  EXPECT_NE(first, std::string::npos) << replies;
+  EXPECT_NE(second, std::string::npos) << replies;
+  EXPECT_NE(third, std::string::npos) << replies;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, third);
+
+  // The server is still up, and the run untouched but for the one registration.
+  auto s = status();
+  EXPECT_STREQ(s["state"].GetString(), "running");
+  EXPECT_EQ(s["progress"]["jobs_done"].GetUint64(), 0u);
+  EXPECT_EQ(s["counters"]["handouts"].GetUint64(), 0u);
+}
+
+TEST_F(ServerE2E, AnAcquireLongPollsAtTheEpochBarrierUntilWorkAppears) {
+  const std::string url = server_->url();
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = client::post(url, "/v1/runs/e2e/" + path, body, std::chrono::seconds(30));
+    EXPECT_TRUE(r) << r.error().message;
+    return parse(r ? *r : "{}");
+  };
+  post("workers", R"({"name": "holder"})");
+  post("workers", R"({"name": "waiter"})");
+  std::vector<uint64_t> leases;
+  for (int i = 0; i < 15; ++i) {
+    leases.push_back(post("acquire", R"({"worker": 0})")["job"]["lease"].GetUint64());
+  }
+  for (size_t i = 0; i + 1 < leases.size(); ++i) {
+    post("complete", R"({"worker": 0, "loss": 1, "lease": )" + std::to_string(leases[i]) + "}");
+  }
+  std::string waited;
+  std::thread waiter([&] {
+    auto r = client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 1, "wait_ms": 20000})",
+                          std::chrono::seconds(30));
+    waited = r ? *r : r.error().message;
+  });
+  // Give the waiter time to be parked at the barrier (the test holds either way), while
+  // heartbeats keep the last train job alive.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  post("heartbeat", R"({"worker": 0})");
+  post("complete", R"({"worker": 0, "loss": 1, "lease": )" + std::to_string(leases.back()) + "}");
+  waiter.join();
+  auto d = parse(waited);
+  ASSERT_TRUE(d.IsObject()) << waited;
+  EXPECT_STREQ(d["status"].GetString(), "job") << waited;
+  EXPECT_STREQ(d["job"]["set"].GetString(), "dev") << waited;
+}
+
+TEST_F(ServerE2E, AParkedAcquireIsAnsweredWaitWhenItsWaitRunsOut) {
+  const std::string url = server_->url();
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
+  for (int i = 0; i < 15; ++i) {
+    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0})"));
+  }
+  auto r = client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 1, "wait_ms": 200})");
+  ASSERT_TRUE(r) << r.error().message;
+  auto d = parse(*r);
+  EXPECT_STREQ(d["status"].GetString(), "wait") << *r;
+  EXPECT_GT(d["retry_after_ms"].GetInt64(), 0);
+}
+
+TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestart) {
+  client::Options o = options_for(*server_, "survivor");
+  o.heartbeats = false;
+  auto worker = client::Worker::connect(o);
+  ASSERT_TRUE(worker) << worker.error().message;
+  auto job = (*worker)->next();
+  ASSERT_TRUE(job && *job);
+
+  const uint16_t port = server_->port();
+  server_->kill(SIGKILL);
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    server_ = ServerProcess::start({"--config", config_}, port);
+  });
+  // The coordinator is down: the client retries until it is back, then finds that the new
+  // (in-memory) coordinator does not know its lease, registers again and goes on.
+  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}});
+  restart.join();
+  ASSERT_NE(server_, nullptr);
+  ASSERT_TRUE(next) << next.error().message;
+  EXPECT_TRUE(next->has_value());
+  EXPECT_EQ((*worker)->last_completed().outcome, "lost");
+}
+
+TEST_F(ServerE2E, TheClientGivesUpWhenTheCoordinatorIsGoneForGood) {
+  client::Options o = options_for(*server_, "lonely");
+  o.give_up_after = std::chrono::milliseconds(300);
+  o.heartbeats = false;
+  auto worker = client::Worker::connect(o);
+  ASSERT_TRUE(worker);
+  server_->kill(SIGKILL);
+  auto job = (*worker)->next();
+  ASSERT_FALSE(job);
+  EXPECT_EQ(job.error().code, "unreachable");
+  EXPECT_NE(job.error().message.find("giving up"), std::string::npos) << job.error().message;
+}
+
+TEST_F(ServerE2E, ConnectingToAnUnknownRunFailsAtOnce) {
+  client::Options o = options_for(*server_, "x");
+  o.run = "nope";
+  auto worker = client::Worker::connect(o);
+  ASSERT_FALSE(worker);
+  EXPECT_EQ(worker.error().http_status, 404);
+  EXPECT_NE(worker.error().message.find("no run named nope"), std::string::npos);
+}
+
+// simulate and the real server, given the same config and the same completion order (FIFO),
+// hand out the same jobs and compute the same epoch losses.
+TEST_F(ServerE2E, SimulateAndTheServerAgree) {
+  auto config = load_run_config(config_);
+  ASSERT_TRUE(config);
+  SimulationOptions options;
+  options.workers = 3;
+  options.losses.by_epoch[{SetKind::kTrain, 1}] = 0.7;
+  options.losses.by_epoch[{SetKind::kDev, 2}] = 0.4;
+  auto sim = simulate(*config, options);
+  ASSERT_TRUE(sim);
+
+  // The same loop as simulate(), over HTTP.
+  const std::string url = server_->url();
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = client::post(url, "/v1/runs/e2e/" + path, body);
+    EXPECT_TRUE(r) << r.error().message;
+    return parse(r ? *r : "{}");
+  };
+  struct Held {
+    int worker;
+    uint64_t lease;
+    std::string set;
+    int64_t epoch;
+    uint64_t batches;
+  };
+  std::vector<Held> holding;
+  std::vector<int> waiting;
+  std::vector<std::string> handouts;
+  auto take = [&](int w, const rapidjson::Value& a) {
+    const std::string status = a["status"].GetString();
+    if (status == "job") {
+      const auto& j = a["job"];
+      std::string line = "w" + std::to_string(w) + " " + j["set"].GetString() + " " +
+                         std::to_string(j["epoch"].GetInt64()) + " " +
+                         std::to_string(j["index"].GetUint64()) + " [";
+      for (const auto& b : j["batches"].GetArray()) line += std::to_string(b.GetUint64()) + ",";
+      handouts.push_back(line + "]");
+      holding.push_back({w, j["lease"].GetUint64(), j["set"].GetString(), j["epoch"].GetInt64(),
+                         j["batches"].Size()});
+    } else if (status == "wait") {
+      waiting.push_back(w);
+    }
+  };
+  for (int w = 0; w < 3; ++w) post("workers", R"({"name": "w)" + std::to_string(w) + "\"}");
+  for (int w = 0; w < 3; ++w) {
+    auto a = post("acquire", R"({"worker": )" + std::to_string(w) + "}");
+    take(w, a);
+  }
+  while (!holding.empty()) {
+    const Held h = holding.front();
+    holding.erase(holding.begin());
+    const double loss =
+        options.losses.loss(h.set == "train" ? SetKind::kTrain : SetKind::kDev, h.epoch);
+    std::ostringstream body;
+    body.precision(17);
+    body << R"({"worker": )" << h.worker << R"(, "lease": )" << h.lease << R"(, "loss": )" << loss
+         << R"(, "samples": )" << h.batches << R"(, "next": true})";
+    auto r = post("complete", body.str());
+    ASSERT_TRUE(r.IsObject() && r.HasMember("next"));
+    take(h.worker, r["next"]);
+    std::vector<int> retry;
+    retry.swap(waiting);
+    for (int w : retry) take(w, post("acquire", R"({"worker": )" + std::to_string(w) + "}"));
+  }
+
+  std::vector<std::string> expected;
+  for (const Handout& h : sim->handouts) {
+    std::string line = h.worker + " " + std::string(set_name(h.job.set)) + " " +
+                       std::to_string(h.job.epoch) + " " + std::to_string(h.job.index) + " [";
+    for (uint64_t b : h.batches) line += std::to_string(b) + ",";
+    expected.push_back(line + "]");
+  }
+  EXPECT_EQ(handouts, expected);
+
+  auto s = status();
+  ASSERT_EQ(s["epochs"].Size(), sim->epochs.size());
+  for (size_t i = 0; i < sim->epochs.size(); ++i) {
+    EXPECT_DOUBLE_EQ(s["epochs"][static_cast<rapidjson::SizeType>(i)]["loss"].GetDouble(),
+                     sim->epochs[i].loss);
+  }
+  EXPECT_STREQ(s["state"].GetString(), std::string(run_state_name(sim->state)).c_str());
+}
+
+TEST_F(ServerE2E, StatusAndRunsCommandsShowTheRun) {
+  Ledger ledger;
+  EXPECT_EQ(work(options_for(*server_, "solo"), &ledger), "completed");
+  int code = -1;
+  const std::string status =
+      run_command(std::string(TRAINCOORD_BIN) + " status --url " + server_->url(), &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(status.find("run e2e: completed"), std::string::npos) << status;
+  EXPECT_NE(status.find("solo"), std::string::npos) << status;
+  const std::string runs =
+      run_command(std::string(TRAINCOORD_BIN) + " runs --url " + server_->url(), &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(runs.find("e2e"), std::string::npos) << runs;
+  run_command(std::string(TRAINCOORD_BIN) + " status nope --url " + server_->url() + " 2>&1",
+              &code);
+  EXPECT_EQ(code, 3);
+}
+
+}  // namespace
+}  // namespace traincoord

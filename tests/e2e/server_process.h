@@ -1,0 +1,165 @@
+// Test helpers: the real traincoord binary as a child process on a free loopback port, stopped
+// when the helper goes out of scope (also when the test fails), and a temporary folder.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace traincoord::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/traincoord-test-XXXXXX";
+    path_ = mkdtemp(pattern);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string file = path_ + "/" + name;
+    std::ofstream(file) << text;
+    return file;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+class ServerProcess {
+ public:
+  // Starts `traincoord serve ARGS --listen 127.0.0.1:PORT` (PORT 0: any free port) and waits
+  // until it says where it listens. Returns null (after printing why) when it does not start.
+  static std::unique_ptr<ServerProcess> start(const std::vector<std::string>& args,
+                                              uint16_t port = 0) {
+    int out[2];
+    if (pipe(out) != 0) return nullptr;
+    std::vector<std::string> argv = {TRAINCOORD_BIN, "serve"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--listen");
+    argv.push_back("127.0.0.1:" + std::to_string(port));
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    std::unique_ptr<ServerProcess> server(new ServerProcess(pid, out[0]));
+    if (!server->wait_for_port()) return nullptr;
+    return server;
+  }
+
+  ~ServerProcess() { kill(SIGKILL); }
+
+  // Sends `sig` and reaps the process. Idempotent.
+  void kill(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  uint16_t port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  const std::string& output() const { return output_; }
+
+ private:
+  ServerProcess(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+
+  bool wait_for_port() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const std::string marker = "listening on http://127.0.0.1:";
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      output_.append(buf, static_cast<size_t>(n));
+      const auto at = output_.find(marker);
+      if (at != std::string::npos && output_.find('\n', at) != std::string::npos) {
+        port_ = static_cast<uint16_t>(std::stoi(output_.substr(at + marker.size())));
+        return true;
+      }
+    }
+    std::fprintf(stderr, "traincoord serve did not start; it said:\n%s\n", output_.c_str());
+    return false;
+  }
+
+  pid_t pid_;
+  int fd_;
+  uint16_t port_ = 0;
+  std::string output_;
+};
+
+// Sends raw bytes to 127.0.0.1:port and returns everything read until the server closes or
+// `timeout_ms` passes without data.
+inline std::string raw_exchange(uint16_t port, const std::string& bytes, int timeout_ms = 2000) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string reply;
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return reply;
+}
+
+// Runs a command and returns its standard output (and its exit status in *status).
+inline std::string run_command(const std::string& command, int* status = nullptr) {
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int s = pclose(p);
+  if (status) *status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  return out;
+}
+
+}  // namespace traincoord::testing
