@@ -35,6 +35,8 @@ class EarlyStopRule {
   bool observe(int64_t epoch, double value, bool all_finite);
 
   const EarlyStopState& state() const { return state_; }
+  // Restores the state saved with a run. REQUIRES: it came from a rule of the same kind.
+  void restore(EarlyStopState state) { state_ = std::move(state); }
   const EarlyStopConfig& config() const { return config_; }
   // The name of the value the rule looks at ("loss" or a metric name).
   const std::string& monitor() const;

@@ -229,6 +229,8 @@ class Run {
   static constexpr size_t kEventsKept = 1024;
 
  private:
+  friend class RunCodec;  // run_codec.cc: saves and restores the whole state
+
   struct Lease {
     WorkerId worker;
     uint32_t epoch_slot;  // index into epochs_

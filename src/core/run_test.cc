@@ -435,3 +435,44 @@ TEST(Engine, RefusesAnInvalidConfigNamingTheField) {
 
 }  // namespace
 }  // namespace traincoord
+
+#include "core/run_codec.h"
+
+namespace traincoord {
+namespace {
+
+TEST(RunCodec, ARestoredRunContinuesExactlyWhereItWas) {
+  ManualClock clock;
+  RunConfig c = small_config();
+  c.early_stop.kind = EarlyStopKind::kPatience;
+  traincoord::Run run(c, clock);
+  const WorkerId a = run.join("a"), b = run.join("b");
+  const Job held = *&run.acquire(a)->job;
+  const Job done = run.acquire(b)->job;
+  ASSERT_TRUE(run.complete(b, done.lease, loss_of(2.0)));
+  clock.advance(1500);  // `held` expires
+  const Job again = run.acquire(b)->job;
+
+  auto restored = RunCodec::load(c, RunCodec::save(run), clock);
+  ASSERT_TRUE(restored) << restored.error().message;
+  traincoord::Run& r = **restored;
+  EXPECT_EQ(RunCodec::save(r), RunCodec::save(run));
+  // A late completion of the expired lease still wins; the duplicate is still known.
+  EXPECT_EQ(r.complete(a, held.lease, loss_of(1.0))->outcome, CompletionOutcome::kAccepted);
+  EXPECT_EQ(r.complete(b, again.lease, loss_of(1.0))->outcome, CompletionOutcome::kSuperseded);
+  EXPECT_EQ(r.complete(b, done.lease, loss_of(1.0))->outcome, CompletionOutcome::kDuplicate);
+  EXPECT_EQ(r.join("a"), a);
+  EXPECT_EQ(r.counters().lease_expiries, 1u);
+}
+
+TEST(RunCodec, RefusesCorruptBytes) {
+  ManualClock clock;
+  traincoord::Run run(small_config(), clock);
+  const std::string saved = RunCodec::save(run);
+  EXPECT_FALSE(RunCodec::load(small_config(), saved.substr(0, saved.size() / 2), clock));
+  EXPECT_FALSE(RunCodec::load(small_config(), "garbage", clock));
+  EXPECT_FALSE(RunCodec::load(small_config(), saved + "x", clock));
+}
+
+}  // namespace
+}  // namespace traincoord

@@ -21,6 +21,7 @@
 
 #include "core/early_stop.h"
 #include "core/run.h"
+#include "core/run_codec.h"
 
 namespace traincoord {
 namespace {
@@ -164,7 +165,17 @@ class World {
     sent_.push_back({w.id, job});
   }
 
+  // As the durable store does after a crash: the run continues from its saved state.
+  void save_and_restore() {
+    const std::string saved = RunCodec::save(*run_);
+    auto loaded = RunCodec::load(config_, saved, clock_);
+    ASSERT_TRUE(loaded) << loaded.error().message;
+    ASSERT_EQ(RunCodec::save(**loaded), saved) << "a restored run saves differently";
+    run_ = std::move(*loaded);
+  }
+
   void chaos_step() {
+    if (chance(0.02)) save_and_restore();
     const double r = uniform01();
     if (r < 0.40) {  // a worker finishes its job
       if (SimWorker* w = pick([](const SimWorker& s) { return s.alive && s.job.has_value(); })) {

@@ -1,0 +1,395 @@
+#include "core/run_codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace traincoord {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
+constexpr uint32_t kFormat = 1;
+
+class Writer {
+ public:
+  void u64(uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>(v | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
+  }
+  void i64(int64_t v) { u64(static_cast<uint64_t>(v) << 1 ^ static_cast<uint64_t>(v >> 63)); }
+  void f64(double v) {
+    char b[8];
+    std::memcpy(b, &v, 8);
+    out_.append(b, 8);
+  }
+  void str(std::string_view s) {
+    u64(s.size());
+    out_.append(s);
+  }
+  void boolean(bool b) { u64(b ? 1 : 0); }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool ok() const { return ok_; }
+  uint64_t u64() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= in_.size()) return fail();
+      const auto byte = static_cast<uint8_t>(in_[pos_++]);
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (!(byte & 0x80)) return v;
+    }
+    return fail();
+  }
+  int64_t i64() {
+    const uint64_t v = u64();
+    return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+  }
+  double f64() {
+    if (in_.size() - pos_ < 8) return static_cast<double>(fail());
+    double v;
+    std::memcpy(&v, in_.data() + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  std::string str() {
+    const uint64_t n = u64();
+    if (!ok_ || n > in_.size() - pos_) {
+      fail();
+      return {};
+    }
+    std::string s(in_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  bool boolean() { return u64() != 0; }
+  // A count of items that each take at least one byte: larger than what is left is corrupt.
+  uint64_t count() {
+    const uint64_t n = u64();
+    if (n > in_.size() - pos_) return fail();
+    return n;
+  }
+  bool at_end() const { return pos_ == in_.size(); }
+
+ private:
+  uint64_t fail() {
+    ok_ = false;
+    pos_ = in_.size();
+    return 0;
+  }
+  std::string_view in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+void save_optional(Writer& w, const std::optional<int64_t>& v) {
+  w.boolean(v.has_value());
+  if (v) w.i64(*v);
+}
+std::optional<int64_t> load_optional(Reader& r) {
+  if (!r.boolean()) return std::nullopt;
+  return r.i64();
+}
+
+}  // namespace
+
+std::string RunCodec::save(const Run& run) {
+  Writer w;
+  w.u64(kMagic);
+  w.u64(kFormat);
+  w.u64(static_cast<uint64_t>(run.state_));
+  w.str(run.state_reason_);
+
+  const EarlyStopState& es = run.early_stop_.state();
+  w.u64(es.observed.size());
+  for (const auto& [epoch, value] : es.observed) {
+    w.i64(epoch);
+    w.f64(value);
+  }
+  w.f64(es.best_value);
+  save_optional(w, es.best_epoch);
+  w.i64(es.wait);
+  w.boolean(es.stopped);
+  save_optional(w, es.stopped_at_epoch);
+  w.str(es.reason);
+
+  w.u64(run.epochs_.size());
+  for (const Epoch& e : run.epochs_) {
+    w.i64(e.plan.epoch);
+    w.u64(static_cast<uint64_t>(e.plan.set));
+    w.u64(e.plan.first_job);
+    w.u64(e.plan.end_job);
+    w.u64(e.set_batches);
+    w.i64(e.opened_at);
+    save_optional(w, e.closed_at);
+    w.u64(e.done);
+    w.u64(e.failed);
+    w.u64(e.leased);
+    w.u64(e.failed_jobs.size());
+    for (uint64_t f : e.failed_jobs) w.u64(f);
+    w.f64(e.weighted_loss);
+    w.u64(e.samples);
+    w.f64(e.plain_loss);
+    w.u64(e.finite_jobs);
+    w.u64(e.nonfinite_jobs);
+    w.u64(e.metrics.size());
+    for (const Epoch::MetricSum& m : e.metrics) {
+      w.str(m.name);
+      w.f64(m.weighted);
+      w.u64(m.samples);
+      w.f64(m.plain);
+      w.u64(m.count);
+    }
+    w.f64(e.loss);
+    w.u64(e.next_index);
+    w.u64(e.cursor);
+    w.u64(e.requeue.size());
+    for (uint64_t p : e.requeue) w.u64(p);
+    // Hash maps iterate in no fixed order: sort, so that equal states save equal bytes.
+    std::vector<uint64_t> positions;
+    positions.reserve(e.active.size());
+    for (const auto& entry : e.active) positions.push_back(entry.first);
+    std::sort(positions.begin(), positions.end());
+    w.u64(positions.size());
+    for (uint64_t position : positions) {
+      const Epoch::ActiveJob& job = e.active.at(position);
+      w.u64(position);
+      w.u64(job.handouts);
+      w.u64(job.failures);
+      w.u64(job.live);
+      w.u64(job.expired.size());
+      for (LeaseId l : job.expired) w.u64(l);
+    }
+  }
+  w.u64(run.running_.size());
+  for (uint32_t s : run.running_) w.u64(s);
+  w.u64(run.dev_to_judge_.size());
+  for (uint32_t s : run.dev_to_judge_) w.u64(s);
+  w.i64(run.next_epoch_);
+  w.boolean(run.next_is_dev_);
+  for (const auto& latest : run.latest_of_set_) {
+    w.boolean(latest.has_value());
+    if (latest) w.u64(*latest);
+  }
+
+  w.u64(run.workers_.size());
+  for (const WorkerInfo& wi : run.workers_) {
+    w.str(wi.name);
+    w.i64(wi.joined_at);
+    w.i64(wi.last_seen);
+    w.boolean(wi.active);
+    w.u64(wi.jobs_done);
+    w.u64(wi.leases.size());
+    for (LeaseId l : wi.leases) w.u64(l);
+  }
+
+  w.u64(run.last_lease_);
+  // Live leases in deadline order first, then the expired ones.
+  w.u64(run.live_order_.size());
+  for (LeaseId id : run.live_order_) {
+    const Run::Lease& l = run.leases_.at(id);
+    w.u64(id);
+    w.u64(l.worker);
+    w.u64(l.epoch_slot);
+    w.u64(l.position);
+    w.u64(l.attempt);
+    w.i64(l.deadline);
+  }
+  std::vector<LeaseId> expired;
+  for (const auto& [id, l] : run.leases_) {
+    if (!l.live) expired.push_back(id);
+  }
+  std::sort(expired.begin(), expired.end());
+  w.u64(expired.size());
+  for (LeaseId id : expired) {
+    const Run::Lease& l = run.leases_.at(id);
+    w.u64(id);
+    w.u64(l.worker);
+    w.u64(l.epoch_slot);
+    w.u64(l.position);
+    w.u64(l.attempt);
+    w.i64(l.deadline);
+  }
+  w.u64(run.history_.size());
+  for (const Run::Resolved& r : run.history_) {
+    w.u64(r.lease);
+    w.u64(r.worker);
+    w.u64(static_cast<uint64_t>(r.outcome));
+  }
+
+  const RunCounters& c = run.counters_;
+  for (uint64_t v : {c.handouts, c.rehandouts, c.lease_expiries, c.completions_accepted,
+                     c.completions_duplicate, c.completions_foreign, c.completions_unknown,
+                     c.failure_reports, c.jobs_failed, c.nonfinite_losses}) {
+    w.u64(v);
+  }
+  w.u64(run.event_seq_);
+  return w.take();
+}
+
+Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view bytes,
+                                            const Clock& clock) {
+  auto corrupt = [&](const std::string& what) {
+    return invalid_argument("snapshot", "the saved state of run " + config.name +
+                                            " is unreadable (" + what + ")");
+  };
+  Reader r(bytes);
+  if (r.u64() != kMagic) return corrupt("not a run snapshot");
+  if (const uint64_t format = r.u64(); format != kFormat) {
+    return corrupt("format " + std::to_string(format) + ", this build reads " +
+                   std::to_string(kFormat));
+  }
+  auto run = std::make_unique<Run>(std::move(config), clock);
+  run->events_.clear();
+  run->epochs_.clear();
+  run->running_.clear();
+  run->dev_to_judge_.clear();
+  run->state_ = static_cast<RunState>(r.u64());
+  run->state_reason_ = r.str();
+
+  EarlyStopState es;
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const int64_t epoch = r.i64();
+    es.observed.emplace_back(epoch, r.f64());
+  }
+  es.best_value = r.f64();
+  es.best_epoch = load_optional(r);
+  es.wait = static_cast<int>(r.i64());
+  es.stopped = r.boolean();
+  es.stopped_at_epoch = load_optional(r);
+  es.reason = r.str();
+  run->early_stop_.restore(std::move(es));
+
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    Epoch e;
+    e.plan.epoch = r.i64();
+    e.plan.set = static_cast<SetKind>(r.u64() & 1);
+    e.plan.first_job = r.u64();
+    e.plan.end_job = r.u64();
+    e.set_batches = r.u64();
+    e.opened_at = r.i64();
+    e.closed_at = load_optional(r);
+    e.done = r.u64();
+    e.failed = r.u64();
+    e.leased = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.failed_jobs.push_back(r.u64());
+    e.weighted_loss = r.f64();
+    e.samples = r.u64();
+    e.plain_loss = r.f64();
+    e.finite_jobs = r.u64();
+    e.nonfinite_jobs = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+      Epoch::MetricSum ms;
+      ms.name = r.str();
+      ms.weighted = r.f64();
+      ms.samples = r.u64();
+      ms.plain = r.f64();
+      ms.count = r.u64();
+      e.metrics.push_back(std::move(ms));
+    }
+    e.loss = r.f64();
+    e.next_index = r.u64();
+    e.cursor = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.requeue.push_back(r.u64());
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+      const uint64_t position = r.u64();
+      Epoch::ActiveJob job;
+      job.handouts = static_cast<uint32_t>(r.u64());
+      job.failures = static_cast<uint32_t>(r.u64());
+      job.live = r.u64();
+      for (uint64_t x = 0, y = r.count(); x < y && r.ok(); ++x) job.expired.push_back(r.u64());
+      e.active.emplace(position, std::move(job));
+    }
+    run->epochs_.push_back(std::move(e));
+  }
+  const uint64_t epochs = run->epochs_.size();
+  auto slot = [&](uint64_t v) { return static_cast<uint32_t>(v < epochs ? v : 0); };
+  bool slots_ok = true;
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const uint64_t v = r.u64();
+    slots_ok &= v < epochs;
+    run->running_.push_back(slot(v));
+  }
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const uint64_t v = r.u64();
+    slots_ok &= v < epochs;
+    run->dev_to_judge_.push_back(slot(v));
+  }
+  run->next_epoch_ = r.i64();
+  run->next_is_dev_ = r.boolean();
+  for (auto& latest : run->latest_of_set_) {
+    latest.reset();
+    if (r.boolean()) {
+      const uint64_t v = r.u64();
+      slots_ok &= v < epochs;
+      latest = slot(v);
+    }
+  }
+
+  run->workers_.clear();
+  run->worker_ids_.clear();
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    WorkerInfo wi;
+    wi.name = r.str();
+    wi.joined_at = r.i64();
+    wi.last_seen = r.i64();
+    wi.active = r.boolean();
+    wi.jobs_done = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) wi.leases.push_back(r.u64());
+    run->worker_ids_.emplace(wi.name, static_cast<WorkerId>(run->workers_.size()));
+    run->workers_.push_back(std::move(wi));
+  }
+
+  run->last_lease_ = r.u64();
+  run->leases_.clear();
+  run->live_order_.clear();
+  for (int live = 1; live >= 0; --live) {
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+      const LeaseId id = r.u64();
+      Run::Lease l{};
+      l.worker = static_cast<WorkerId>(r.u64());
+      const uint64_t s = r.u64();
+      slots_ok &= s < epochs && l.worker < run->workers_.size();
+      l.epoch_slot = slot(s);
+      l.position = r.u64();
+      l.attempt = static_cast<uint32_t>(r.u64());
+      l.deadline = r.i64();
+      l.live = live == 1;
+      if (l.live) {
+        run->live_order_.push_back(id);
+        l.order = std::prev(run->live_order_.end());
+      }
+      run->leases_.emplace(id, l);
+    }
+  }
+  run->history_.clear();
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    Run::Resolved res;
+    res.lease = r.u64();
+    res.worker = static_cast<WorkerId>(r.u64());
+    res.outcome = static_cast<CompletionOutcome>(r.u64());
+    run->history_.push_back(res);
+  }
+  RunCounters& c = run->counters_;
+  for (uint64_t* v : {&c.handouts, &c.rehandouts, &c.lease_expiries, &c.completions_accepted,
+                      &c.completions_duplicate, &c.completions_foreign, &c.completions_unknown,
+                      &c.failure_reports, &c.jobs_failed, &c.nonfinite_losses}) {
+    *v = r.u64();
+  }
+  run->event_seq_ = r.u64();
+  if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
+  if (!r.at_end()) return corrupt("trailing bytes");
+  return run;
+}
+
+}  // namespace traincoord

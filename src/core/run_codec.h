@@ -1,0 +1,27 @@
+// Saving and restoring the whole state of a run as bytes: the snapshots of the durable store.
+// Pure: bytes in, bytes out.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/run.h"
+#include "core/run_config.h"
+
+namespace traincoord {
+
+class RunCodec {
+ public:
+  // The run's state (everything but its config and recent events) as bytes.
+  static std::string save(const Run& run);
+
+  // A run with `config` (the one it was saved with) and the saved state. Fails with
+  // kInvalidArgument when the bytes are truncated, corrupt, or of another format version.
+  static Result<std::unique_ptr<Run>> load(RunConfig config, std::string_view bytes,
+                                           const Clock& clock);
+};
+
+}  // namespace traincoord
