@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ struct ServeArgs {
   std::string runs_dir;
   std::string listen = "127.0.0.1:8470";
   int io_threads = 1;
+  std::string data_dir;  // empty: ./RUN.traincoord for one run, ./traincoord-data otherwise
+  bool in_memory = false;
+  std::string durability = "fsync";
+  bool apply_config_changes = false;
+  uint64_t snapshot_every = 100'000;
 };
 int serve(const ServeArgs& args);
 
@@ -35,5 +41,14 @@ struct StatusArgs {
 };
 int status(const StatusArgs& args);
 int runs(const StatusArgs& args);
+// Renders the JSON of GET /v1/runs/RUN for a terminal.
+void print_run_status(const std::string& status_json, std::ostream& out);
+
+struct InspectArgs {
+  std::string data_dir;
+  std::string run;
+  bool json = false;
+};
+int inspect(const InspectArgs& args);
 
 }  // namespace traincoord::cli

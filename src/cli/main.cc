@@ -36,6 +36,20 @@ int main(int argc, char** argv) {
   srv->add_option("--io-threads", serve_args.io_threads, "threads for network I/O")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  srv->add_option("--data-dir", serve_args.data_dir,
+                  "where the state lives (default: ./RUN.traincoord for one run, "
+                  "./traincoord-data otherwise)");
+  srv->add_flag("--in-memory", serve_args.in_memory, "keep no state on disk (lost on exit)");
+  srv->add_option("--durability", serve_args.durability,
+                  "fsync: survive power loss; os: survive a process crash (faster)")
+      ->check(CLI::IsMember({"fsync", "os"}))
+      ->capture_default_str();
+  srv->add_flag("--apply-config-changes", serve_args.apply_config_changes,
+                "apply changed lease and early-stop settings to a started run");
+  srv->add_option("--snapshot-every", serve_args.snapshot_every,
+                  "log records of a run between snapshots (bounds restart time)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
+      ->capture_default_str();
 
   StatusArgs status_args;
   CLI::App* st = app.add_subcommand("status", "Show a run: epoch progress, losses, workers");
@@ -51,7 +65,14 @@ int main(int argc, char** argv) {
   rs->add_option("--url", runs_args.url, "the coordinator")->capture_default_str();
   rs->add_flag("--json", runs_args.json, "print JSON");
 
+  InspectArgs inspect_args;
+  CLI::App* ins = app.add_subcommand("inspect", "Show the runs in a data dir, without a server");
+  ins->add_option("--data-dir", inspect_args.data_dir, "the data dir")->required();
+  ins->add_option("run", inspect_args.run, "one run (default: all)");
+  ins->add_flag("--json", inspect_args.json, "print each run's JSON status");
+
   CLI11_PARSE(app, argc, argv);
+  if (ins->parsed()) return inspect(inspect_args);
   if (sim->parsed()) return simulate(sim_args);
   if (srv->parsed()) return serve(serve_args);
   if (st->parsed()) return status(status_args);

@@ -1,14 +1,21 @@
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <pthread.h>
 
 #include "cli/commands.h"
+#include "config/config_diff.h"
 #include "config/config_file.h"
 #include "core/engine.h"
+#include "core/run_codec.h"
 #include "server/http_server.h"
-#include "server/steady_clock.h"
+#include "server/journal.h"
+#include "server/server_clock.h"
+#include "store/store.h"
 
 namespace traincoord::cli {
 
@@ -31,6 +38,59 @@ bool split_listen(const std::string& listen, std::string* host, uint16_t* port) 
   return !host->empty();
 }
 
+int fail(const std::string& message) {
+  std::cerr << "traincoord: " << message << "\n";
+  return 2;
+}
+
+struct ConfigFile {
+  std::string path;
+  std::string text;
+  RunConfig config;
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+// A config file for a run the store already holds: the same config resumes it; a changed one
+// is refused, or applied when asked and allowed.
+int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
+              bool apply) {
+  const std::vector<std::string> changed = config_differences(run.config(), file.config);
+  if (changed.empty()) return 0;
+  const std::string where = "run " + file.config.name + " (" + file.path + ")";
+  if (!apply) {
+    return fail(where +
+                " was started with a different config; these fields differ: " + join(changed) +
+                ". Give the run a new name to start afresh, or pass --apply-config-changes "
+                "(it may change leases.timeout, leases.max_attempts, leases.on_job_failure and "
+                "early_stop.*)");
+  }
+  std::vector<std::string> fixed;
+  for (const std::string& f : changed) {
+    if (!changeable_in_a_started_run(f)) fixed.push_back(f);
+  }
+  if (!fixed.empty()) {
+    return fail(where + ": a started run cannot change " + join(fixed) +
+                " (they shape its plan); give the run a new name to start afresh");
+  }
+  auto updated = RunCodec::load(file.config, RunCodec::save(run), clock);
+  if (!updated) return fail(updated.error().message);
+  engine.adopt(std::move(*updated));
+  if (store) {
+    if (auto r =
+            store->replace_config(**engine.find(file.config.name), "toml", file.text, clock.now());
+        !r) {
+      return fail(r.error().message);
+    }
+  }
+  std::cout << "traincoord: applied the changed " << join(changed) << " to " << where << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int serve(const ServeArgs& args) {
@@ -41,37 +101,81 @@ int serve(const ServeArgs& args) {
     for (const auto& entry : std::filesystem::directory_iterator(args.runs_dir, ec)) {
       if (entry.path().extension() == ".toml") found.push_back(entry.path().string());
     }
-    if (ec) {
-      std::cerr << "traincoord: cannot read --runs " << args.runs_dir << ": " << ec.message()
-                << "\n";
-      return 2;
-    }
+    if (ec) return fail("cannot read --runs " + args.runs_dir + ": " + ec.message());
     std::sort(found.begin(), found.end());
     paths.insert(paths.end(), found.begin(), found.end());
   }
-
-  SteadyClock clock;
-  Engine engine(clock);
+  std::vector<ConfigFile> files;
   for (const std::string& path : paths) {
-    auto config = load_run_config(path);
-    if (!config) {
-      std::cerr << "traincoord: " << config.error().message << "\n";
-      return 2;
-    }
-    auto run = engine.create_run(std::move(*config));
-    if (!run) {
-      std::cerr << "traincoord: " << path << ": " << run.error().message << "\n";
-      return 2;
-    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return fail("cannot read run config " + path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    auto config = parse_run_config(text.str(), path);
+    if (!config) return fail(config.error().message);
+    files.push_back({path, text.str(), std::move(*config)});
   }
 
   ServerOptions options;
   if (!split_listen(args.listen, &options.host, &options.port)) {
-    std::cerr << "traincoord: --listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " << args.listen
-              << ")\n";
-    return 2;
+    return fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")");
   }
   options.io_threads = args.io_threads;
+
+  ServerClock clock;
+  Engine engine(clock);
+  std::unique_ptr<Store> store;
+  if (!args.in_memory) {
+    StoreOptions so;
+    so.dir = !args.data_dir.empty() ? args.data_dir
+             : files.size() == 1    ? files[0].config.name + ".traincoord"
+                                    : "traincoord-data";
+    so.durability = args.durability == "os" ? Durability::kOs : Durability::kFsync;
+    so.snapshot_every = args.snapshot_every;
+    auto opened = Store::open(so);
+    if (!opened) return fail(opened.error().message);
+    store = std::move(*opened);
+    Api replay(engine, clock);
+    auto report = restore_engine(*store, engine, replay, clock);
+    if (!report) return fail(store->path() + ": " + report.error().message);
+    std::cout << "traincoord: state in " << store->path() << " (durability "
+              << (so.durability == Durability::kFsync ? "fsync" : "os") << ")";
+    if (report->runs > 0) {
+      std::cout << "; restored " << report->runs << " runs, replayed " << report->records
+                << " log records in " << report->seconds << " s";
+    }
+    std::cout << "\n";
+  } else {
+    clock.go_live(0);
+  }
+
+  for (const ConfigFile& file : files) {
+    if (auto existing = engine.find(file.config.name)) {
+      if (int rc =
+              reconcile(file, **existing, engine, store.get(), clock, args.apply_config_changes);
+          rc != 0) {
+        return rc;
+      }
+      continue;
+    }
+    auto run = engine.create_run(file.config);
+    if (!run) return fail(file.path + ": " + run.error().message);
+    if (store) store->add_run(file.config.name, "toml", file.text, clock.now());
+  }
+  if (store) {
+    if (auto r = store->commit(engine); !r) return fail(r.error().message);
+  }
+
+  // Said before start(): from then on only the server's engine thread touches the engine.
+  for (const Run* run : engine.runs()) {
+    std::cout << "traincoord: serving run " << run->config().name << " ("
+              << run_state_name(run->state()) << ", " << run->plan().train_jobs_per_epoch
+              << " train jobs per epoch, epochs " << run->plan().start_epoch << ".."
+              << run->plan().target_epoch << ")\n";
+  }
+  if (engine.runs().empty()) {
+    std::cout << "traincoord: no runs yet; create one with POST /v1/runs (docs/API.md)\n";
+  }
 
   // SIGINT and SIGTERM are taken by this thread alone (sigwait), so block them before any
   // other thread starts.
@@ -81,17 +185,7 @@ int serve(const ServeArgs& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  // Said before start(): from then on only the server's engine thread touches the engine.
-  for (const Run* run : engine.runs()) {
-    std::cout << "traincoord: serving run " << run->config().name << " ("
-              << run->plan().train_jobs_per_epoch << " train jobs per epoch, epochs "
-              << run->plan().start_epoch << ".." << run->plan().target_epoch << ")\n";
-  }
-  if (engine.runs().empty()) {
-    std::cout << "traincoord: no runs yet; create one with POST /v1/runs (docs/API.md)\n";
-  }
-
-  HttpServer server(engine, clock, options);
+  HttpServer server(engine, clock, store.get(), options);
   auto port = server.start();
   if (!port) {
     std::cerr << "traincoord: " << port.error().message << "\n";

@@ -107,6 +107,16 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   }
 }
 
+}  // namespace
+
+void print_run_status(const std::string& status_json, std::ostream& out) {
+  rapidjson::Document d;
+  d.Parse(status_json.c_str());
+  render_run(d, out);
+}
+
+namespace {
+
 int report(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << url << ": " << e.message << "\n";
   return e.http_status == 404 ? 3 : 1;
@@ -166,7 +176,7 @@ int status(const StatusArgs& args) {
     rapidjson::Document d;
     d.Parse(body->c_str());
     std::ostringstream out;
-    render_run(d, out);
+    print_run_status(*body, out);
     if (args.watch) std::cout << "\x1b[H\x1b[2J";  // home, clear screen
     std::cout << out.str() << std::flush;
     if (!args.watch || std::string(d["state"].GetString()) != "running") return 0;

@@ -14,6 +14,11 @@ Result<Run*> Engine::create_run(RunConfig config) {
   return raw;
 }
 
+void Engine::adopt(std::unique_ptr<Run> run) {
+  std::string name = run->config().name;
+  runs_[std::move(name)] = std::move(run);
+}
+
 Result<Run*> Engine::find(const std::string& name) {
   auto it = runs_.find(name);
   if (it == runs_.end()) return not_found("no run named " + name);

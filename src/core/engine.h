@@ -22,6 +22,8 @@ class Engine {
   // Creates a run. Fails with kInvalidArgument (naming the field) for a bad config, and with
   // kConflict when a run of that name exists.
   Result<Run*> create_run(RunConfig config);
+  // Adds a run restored from a snapshot, replacing any run of the same name.
+  void adopt(std::unique_ptr<Run> run);
   // Returns the run, or kNotFound.
   Result<Run*> find(const std::string& name);
   Result<const Run*> find(const std::string& name) const;

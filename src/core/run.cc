@@ -475,8 +475,9 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   count_completion(e, completion);
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;
+  const Completed accepted{CompletionOutcome::kAccepted, e.plan.epoch, e.plan.set, position};
   if (e.resolved() == e.plan.size()) close_epoch(slot);
-  return Completed{CompletionOutcome::kAccepted};
+  return accepted;
 }
 
 Result<NextJob> Run::next_job(WorkerId worker, LeaseId lease, const Completion& completion) {

@@ -73,6 +73,10 @@ std::string_view completion_outcome_name(CompletionOutcome outcome);
 struct Completed {
   CompletionOutcome outcome = CompletionOutcome::kAccepted;
   bool counted() const { return outcome == CompletionOutcome::kAccepted; }
+  // When counted: the job it completed.
+  int64_t epoch = 0;
+  SetKind set = SetKind::kTrain;
+  uint64_t job = 0;
 };
 
 struct NextJob {

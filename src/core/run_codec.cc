@@ -240,8 +240,8 @@ std::string RunCodec::save(const Run& run) {
 Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view bytes,
                                             const Clock& clock) {
   auto corrupt = [&](const std::string& what) {
-    return invalid_argument("snapshot", "the saved state of run " + config.name +
-                                            " is unreadable (" + what + ")");
+    return invalid_argument(
+        "snapshot", "the saved state of run " + config.name + " is unreadable (" + what + ")");
   };
   Reader r(bytes);
   if (r.u64() != kMagic) return corrupt("not a run snapshot");

@@ -509,11 +509,24 @@ HttpReply error_reply(const Error& e) {
   return error_reply(http_status(e.code), error_code_name(e.code), e.message, e.field);
 }
 
-void Api::expire_leases() {
+std::vector<std::string> Api::expire_leases() {
+  std::vector<std::string> expired;
   for (const Run* run : engine_.runs()) {
-    auto r = engine_.find(run->config().name);
-    (*r)->expire_leases();
+    Run* r = *engine_.find(run->config().name);
+    const uint64_t before = r->counters().lease_expiries;
+    r->expire_leases();
+    if (r->counters().lease_expiries != before) expired.push_back(r->config().name);
   }
+  return expired;
+}
+
+Result<Completed> Api::complete(Run& run, WorkerId worker, LeaseId lease,
+                                const Completion& completion) {
+  auto done = run.complete(worker, lease, completion);
+  if (done && done->counted() && observer_) {
+    observer_->completion_accepted(run, worker, lease, *done, completion, clock_.now());
+  }
+  return done;
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
@@ -563,6 +576,7 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
       if (!config) return error_reply(config.error());
       auto run = engine_.create_run(std::move(*config));
       if (!run) return error_reply(run.error());
+      if (observer_) observer_->run_created(**run, req.body, now);
       JsonWriter j;
       write_run_summary(j, **run, now);
       HttpReply r = ok(j);
@@ -577,8 +591,9 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   Run& run = **found;
 
   if (parts.size() == 3) {  // /v1/runs/{run}
+    // No expire_leases() here: a GET changes nothing, so that replaying the log of POSTs
+    // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
     if (m != "GET") return method_not_allowed("GET", m);
-    run.expire_leases();
     JsonWriter j;
     write_status(j, run, now);
     return ok(j);
@@ -676,7 +691,7 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     TC_TRY_ASSIGN(next, body.boolean("next", false));
     if (!next) {
       TC_TRY_REPLY(body.no_unknown_fields());
-      TC_TRY_ASSIGN(done, run.complete(worker, lease, completion));
+      TC_TRY_ASSIGN(done, complete(run, worker, lease, completion));
       JsonWriter j;
       j.begin_object();
       write_completed(j, done);
@@ -685,7 +700,7 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     }
     TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
     TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(done, run.complete(worker, lease, completion));
+    TC_TRY_ASSIGN(done, complete(run, worker, lease, completion));
     completed = done;
     TC_TRY_ASSIGN(a, run.acquire(worker));
     if (a.status == AcquireStatus::kWait && wait_ms > 0) {

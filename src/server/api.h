@@ -38,6 +38,18 @@ struct ParkedAcquire {
   std::optional<Completed> completed;  // when it came with a completion (complete + next)
 };
 
+// What the durable store wants to hear from the API, beyond the log of requests.
+class ApiObserver {
+ public:
+  virtual ~ApiObserver() = default;
+  // A run was created through POST /v1/runs, from this JSON config.
+  virtual void run_created(const Run& run, std::string_view config_json, TimeMs now) = 0;
+  // A completion was accepted (counted).
+  virtual void completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
+                                   const Completed& completed, const Completion& completion,
+                                   TimeMs now) = 0;
+};
+
 class Api {
  public:
   // The longest a client may ask an acquire to wait.
@@ -56,16 +68,23 @@ class Api {
   // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
   static std::string_view run_of(std::string_view target);
 
-  // Expires the leases of every run whose deadline has passed.
-  void expire_leases();
+  // Expires the leases of every run whose deadline has passed; returns the runs where one did.
+  std::vector<std::string> expire_leases();
+
+  // Tells `observer` (null: nobody) of created runs and accepted completions.
+  void set_observer(ApiObserver* observer) { observer_ = observer; }
 
   Engine& engine() { return engine_; }
 
  private:
   std::variant<HttpReply, ParkedAcquire> route(const HttpRequest& request);
 
+  Result<Completed> complete(Run& run, WorkerId worker, LeaseId lease,
+                             const Completion& completion);
+
   Engine& engine_;
   const Clock& clock_;
+  ApiObserver* observer_ = nullptr;
 };
 
 // The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.

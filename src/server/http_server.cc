@@ -2,6 +2,11 @@
 
 #include "server/http_server.h"
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "server/journal.h"
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -34,8 +39,14 @@ struct Call {
 
 class HttpServer::Impl {
  public:
-  Impl(Engine& engine, const Clock& clock, ServerOptions options)
-      : api_(engine, clock), clock_(clock), options_(std::move(options)) {
+  Impl(Engine& engine, ServerClock& clock, Store* store, ServerOptions options)
+      : engine_(engine),
+        api_(engine, clock),
+        clock_(clock),
+        store_(store),
+        observer_(store ? std::make_unique<StoreObserver>(*store) : nullptr),
+        options_(std::move(options)) {
+    api_.set_observer(observer_.get());
     const int n = std::max(1, options_.io_threads);
     for (int i = 0; i < n; ++i) {
       ios_.push_back(std::make_unique<asio::io_context>(1));
@@ -117,8 +128,9 @@ class HttpServer::Impl {
     std::function<void(HttpReply)> respond;
   };
 
-  // The engine thread: takes every queued request at once, answers them in order, then gives
-  // parked acquires of the runs those requests touched another try.
+  // The engine thread: takes every queued request at once, answers them in order, gives the
+  // parked acquires of the runs those requests touched another try, makes the batch durable in
+  // one commit (group commit), and only then sends the replies.
   void engine_loop() {
     constexpr TimeMs kTickMs = 50;  // lease expiries and long-poll deadlines are checked this often
     std::vector<Call> batch;
@@ -133,20 +145,31 @@ class HttpServer::Impl {
       }
       std::vector<std::string> touched;
       for (Call& call : batch) {
+        const TimeMs t = clock_.hold();
         auto result = api_.handle(call.request);
+        clock_.release();
+        const std::string_view run = Api::run_of(call.request.target);
+        if (call.request.method != "GET" && !run.empty()) {
+          record_request(run, t, call.request.target, call.request.body);
+          touched.emplace_back(run);
+        }
         if (auto* reply = std::get_if<HttpReply>(&result)) {
-          call.respond(std::move(*reply));
+          outbox_.push_back({std::move(call.respond), std::move(*reply)});
         } else {
           auto& acquire = std::get<ParkedAcquire>(result);
           parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.respond)});
         }
-        if (call.request.method != "GET") touched.emplace_back(Api::run_of(call.request.target));
       }
       batch.clear();
       const TimeMs now = clock_.now();
       if (now - last_tick >= kTickMs) {
         last_tick = now;
-        api_.expire_leases();
+        const TimeMs t = clock_.hold();
+        const std::vector<std::string> expired = api_.expire_leases();
+        clock_.release();
+        for (const std::string& run : expired) {
+          if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "");
+        }
         for (auto& [run, queue] : parked_) serve_parked(queue, now);
       } else {
         std::sort(touched.begin(), touched.end());
@@ -157,21 +180,56 @@ class HttpServer::Impl {
         }
       }
       std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
+      if (store_) {
+        // Nothing is answered before it is durable. A failed commit (an fsync error above all)
+        // cannot be retried safely: stop, and let the restart recover from what is on disk.
+        if (auto r = store_->commit(engine_); !r) {
+          std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
+                       store_->path().c_str(), r.error().message.c_str());
+          std::abort();
+        }
+      }
+      for (Outgoing& o : outbox_) o.respond(std::move(o.reply));
+      outbox_.clear();
+      if (store_) {
+        if (auto r = store_->snapshot_due(engine_, clock_.now()); !r) {
+          std::fprintf(stderr, "traincoord: cannot snapshot to %s: %s; stopping\n",
+                       store_->path().c_str(), r.error().message.c_str());
+          std::abort();
+        }
+      }
     }
+  }
+
+  void record_request(std::string_view run, TimeMs t, std::string_view target,
+                      std::string_view body) {
+    if (store_ && engine_.find(std::string(run))) {
+      store_->add_record(run, t, RecordKind::kRequest, target, body);
+    }
+  }
+
+  // Asks again for a parked acquire; the retry is an acquire of its own, and logged as one.
+  std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out) {
+    const TimeMs t = clock_.hold();
+    auto reply = api_.retry(parked, timed_out);
+    clock_.release();
+    record_request(parked.run, t, "/v1/runs/" + parked.run + "/acquire",
+                   "{\"worker\":" + std::to_string(parked.worker) + "}");
+    return reply;
   }
 
   // Answers parked acquires in arrival order while there is an answer; then times out those
   // whose wait has run out.
   void serve_parked(std::deque<Parked>& queue, TimeMs now) {
     while (!queue.empty()) {
-      auto reply = api_.retry(queue.front().acquire, false);
+      auto reply = retry(queue.front().acquire, false);
       if (!reply) break;  // nothing for the first: nothing for the others either
-      queue.front().respond(std::move(*reply));
+      outbox_.push_back({std::move(queue.front().respond), std::move(*reply)});
       queue.pop_front();
     }
     for (auto it = queue.begin(); it != queue.end();) {
       if (it->acquire.deadline <= now) {
-        it->respond(*api_.retry(it->acquire, true));
+        outbox_.push_back({std::move(it->respond), *retry(it->acquire, true)});
         it = queue.erase(it);
       } else {
         ++it;
@@ -189,9 +247,18 @@ class HttpServer::Impl {
     return wake;
   }
 
+  struct Outgoing {
+    std::function<void(HttpReply)> respond;
+    HttpReply reply;
+  };
+
+  Engine& engine_;
   Api api_;
-  const Clock& clock_;
+  ServerClock& clock_;
+  Store* store_;
+  std::unique_ptr<StoreObserver> observer_;
   ServerOptions options_;
+  std::vector<Outgoing> outbox_;  // engine thread only: replies waiting for the commit
 
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
@@ -324,8 +391,8 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
-HttpServer::HttpServer(Engine& engine, const Clock& clock, ServerOptions options)
-    : impl_(std::make_unique<Impl>(engine, clock, std::move(options))) {}
+HttpServer::HttpServer(Engine& engine, ServerClock& clock, Store* store, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, clock, store, std::move(options))) {}
 HttpServer::~HttpServer() = default;
 Result<uint16_t> HttpServer::start() { return impl_->start(); }
 void HttpServer::wait() { impl_->wait(); }

@@ -13,6 +13,8 @@
 #include "core/engine.h"
 #include "core/error.h"
 #include "server/api.h"
+#include "server/server_clock.h"
+#include "store/store.h"
 
 namespace traincoord {
 
@@ -27,9 +29,11 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // REQUIRES: `engine` and `clock` (the engine's clock) outlive the server. From start() on,
-  // only the server's engine thread touches the engine.
-  HttpServer(Engine& engine, const Clock& clock, ServerOptions options);
+  // REQUIRES: `engine`, `clock` (the engine's clock) and `store` outlive the server. From
+  // start() on, only the server's engine thread touches the engine, the clock and the store.
+  // With a store, every state change is durable before its reply is sent; without one
+  // (nullptr), the state lives in memory only.
+  HttpServer(Engine& engine, ServerClock& clock, Store* store, ServerOptions options);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -120,8 +120,13 @@ class ServerE2E : public ::testing::Test {
  protected:
   void SetUp() override {
     config_ = dir_.write("e2e.toml", kRun);
-    server_ = ServerProcess::start({"--config", config_});
+    server_ = ServerProcess::start(server_args());
     ASSERT_NE(server_, nullptr);
+  }
+
+  std::vector<std::string> server_args(bool in_memory = false) const {
+    if (in_memory) return {"--config", config_, "--in-memory"};
+    return {"--config", config_, "--data-dir", dir_.path() + "/data"};
   }
 
   rapidjson::Document status() {
@@ -274,7 +279,9 @@ TEST_F(ServerE2E, AParkedAcquireIsAnsweredWaitWhenItsWaitRunsOut) {
   EXPECT_GT(d["retry_after_ms"].GetInt64(), 0);
 }
 
-TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestart) {
+// A worker holds a job when the coordinator is killed; while it is down the client retries;
+// the restarted coordinator resumes from its data dir and accepts the completion.
+TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestartAndItsCompletionCounts) {
   client::Options o = options_for(*server_, "survivor");
   o.heartbeats = false;
   auto worker = client::Worker::connect(o);
@@ -286,10 +293,37 @@ TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestart) {
   server_->kill(SIGKILL);
   std::thread restart([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    server_ = ServerProcess::start({"--config", config_}, port);
+    server_ = ServerProcess::start(server_args(), port);
   });
-  // The coordinator is down: the client retries until it is back, then finds that the new
-  // (in-memory) coordinator does not know its lease, registers again and goes on.
+  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}});
+  restart.join();
+  ASSERT_NE(server_, nullptr);
+  ASSERT_TRUE(next) << next.error().message;
+  EXPECT_TRUE(next->has_value());
+  EXPECT_EQ((*worker)->last_completed().outcome, "accepted");
+  auto s = status();
+  EXPECT_EQ(s["progress"]["jobs_done"].GetUint64(), 1u);
+  EXPECT_EQ(s["workers"][0]["name"], "survivor");
+}
+
+// Without a data dir the restarted coordinator starts afresh: the client registers again and
+// reports its completion as lost (the job will be handed out again).
+TEST_F(ServerE2E, AnInMemoryCoordinatorForgetsAndTheClientCarriesOn) {
+  server_->kill(SIGKILL);
+  server_ = ServerProcess::start(server_args(/*in_memory=*/true));
+  ASSERT_NE(server_, nullptr);
+  client::Options o = options_for(*server_, "survivor");
+  o.heartbeats = false;
+  auto worker = client::Worker::connect(o);
+  ASSERT_TRUE(worker) << worker.error().message;
+  auto job = (*worker)->next();
+  ASSERT_TRUE(job && *job);
+  const uint16_t port = server_->port();
+  server_->kill(SIGKILL);
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    server_ = ServerProcess::start(server_args(true), port);
+  });
   auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}});
   restart.join();
   ASSERT_NE(server_, nullptr);

@@ -1,0 +1,77 @@
+#include "server/journal.h"
+
+#include <chrono>
+
+#include "config/config_file.h"
+#include "core/run_codec.h"
+#include "json/json_writer.h"
+
+namespace traincoord {
+
+void StoreObserver::run_created(const Run& run, std::string_view config_json, TimeMs now) {
+  store_.add_run(run.config().name, "json", config_json, now);
+}
+
+void StoreObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
+                                        const Completed& completed, const Completion& completion,
+                                        TimeMs now) {
+  CompletionRow row;
+  row.run = run.config().name;
+  row.lease = lease;
+  row.worker = run.workers()[worker].name;
+  row.set = std::string(set_name(completed.set));
+  row.epoch = completed.epoch;
+  row.job = completed.job;
+  row.loss = completion.loss;
+  row.samples = completion.samples;
+  JsonWriter metrics;
+  metrics.begin_object();
+  for (const Metric& m : completion.metrics) metrics.field(m.name, m.value);
+  metrics.end_object();
+  row.metrics_json = metrics.str();
+  row.time = now;
+  store_.add_completion(std::move(row));
+}
+
+Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, ServerClock& clock) {
+  const auto start = std::chrono::steady_clock::now();
+  RestoreReport report;
+  auto saved = store.saved_runs();
+  if (!saved) return tl::unexpected(saved.error());
+  for (const SavedRun& s : *saved) {
+    const std::string source = store.path() + " (run " + s.name + ")";
+    auto config = s.config_format == "json" ? parse_run_config_json(s.config_text, source)
+                                            : parse_run_config(s.config_text, source);
+    if (!config) return tl::unexpected(config.error());
+    if (s.snapshot) {
+      auto run = RunCodec::load(std::move(*config), *s.snapshot, clock);
+      if (!run) return tl::unexpected(run.error());
+      engine.adopt(std::move(*run));
+      report.snapshots += 1;
+    } else {
+      clock.replay_at(s.created_ms);  // a run without a snapshot starts as it was created
+      auto run = engine.create_run(std::move(*config));
+      if (!run) return tl::unexpected(run.error());
+    }
+    report.runs += 1;
+  }
+  auto replayed = store.for_each_record([&](const Record& r) {
+    clock.replay_at(r.time);
+    report.records += 1;
+    if (r.kind == RecordKind::kExpire) {
+      if (auto run = engine.find(r.run)) (*run)->expire_leases();
+      return;
+    }
+    // The same code path as when the request first came; its answer is not needed again.
+    (void)api.handle(HttpRequest{"POST", r.target, r.body});
+  });
+  if (!replayed) return tl::unexpected(replayed.error());
+  auto latest = store.latest_time();
+  if (!latest) return tl::unexpected(latest.error());
+  report.resumed_at = *latest + 1;
+  clock.go_live(report.resumed_at);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace traincoord

@@ -1,0 +1,140 @@
+// The durable store: one SQLite database (WAL) per coordinator, in its data dir.
+//
+// What it keeps, per run: the config; a snapshot of the run's whole state (RunCodec); the log of
+// every state-changing request since that snapshot, with its time; and, for people to query,
+// every accepted completion and every epoch's aggregates. Restart = load each snapshot, then
+// replay the log through the same code at the recorded times (server/restore.h): the core is
+// deterministic, so the state comes back exactly. Snapshots are taken every `snapshot_every`
+// records of a run, which bounds restart time however long the run.
+//
+// Writes are buffered and written by commit() in one transaction (group commit); a reply that
+// depends on them is sent only after commit() returns.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/engine.h"
+#include "core/error.h"
+#include "store/sqlite.h"
+
+namespace traincoord {
+
+enum class Durability {
+  kFsync,  // every commit is fsynced: survives a process crash and a power loss
+  kOs,     // commits are left to the OS: survives a process crash, not a power loss
+};
+
+struct StoreOptions {
+  std::string dir;
+  Durability durability = Durability::kFsync;
+  bool read_only = false;             // for `traincoord inspect`: nothing is written
+  uint64_t snapshot_every = 100'000;  // log records of a run between two snapshots
+};
+
+enum class RecordKind : int { kRequest = 1, kExpire = 2 };
+
+struct Record {
+  int64_t seq = 0;
+  std::string run;
+  TimeMs time = 0;
+  RecordKind kind = RecordKind::kRequest;
+  std::string target;  // kRequest: the POST's target
+  std::string body;    // kRequest: its body
+};
+
+struct SavedRun {
+  std::string name;
+  std::string config_format;  // "toml" or "json"
+  std::string config_text;
+  TimeMs created_ms = 0;
+  std::optional<std::string> snapshot;
+  int64_t snapshot_seq = 0;
+};
+
+struct CompletionRow {
+  std::string run;
+  uint64_t lease = 0;
+  std::string worker;
+  std::string set;
+  int64_t epoch = 0;
+  uint64_t job = 0;
+  double loss = 0;
+  uint64_t samples = 0;
+  std::string metrics_json;
+  TimeMs time = 0;
+};
+
+class Store {
+ public:
+  static constexpr int kSchemaVersion = 1;
+  static constexpr const char* kFileName = "traincoord.db";
+
+  // Opens DIR/traincoord.db, creating DIR and the database on first use. Refuses, without
+  // touching it, a file that is corrupt, not a traincoord database, or written by a newer
+  // version; the message says which and what to do.
+  static Result<std::unique_ptr<Store>> open(const StoreOptions& options);
+
+  const std::string& path() const { return path_; }
+  Durability durability() const { return options_.durability; }
+
+  // The saved runs, with their latest snapshot.
+  Result<std::vector<SavedRun>> saved_runs();
+  // Calls `fn` for every record not covered by its run's snapshot, in the order written.
+  Result<void> for_each_record(const std::function<void(const Record&)>& fn);
+  // The latest time recorded anywhere (0 for a new store).
+  Result<TimeMs> latest_time();
+
+  // Buffered until commit().
+  void add_run(const std::string& name, std::string_view format, std::string_view text,
+               TimeMs created);
+  void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
+                  std::string_view body);
+  void add_completion(CompletionRow row);
+  bool has_pending() const { return !pending_runs_.empty() || !pending_records_.empty(); }
+
+  // Writes everything buffered in one transaction, with the epochs and states of the runs it
+  // touched (read from `engine`). An error here means durability is broken: the caller must
+  // stop rather than reply.
+  Result<void> commit(const Engine& engine);
+  // Snapshots every run with at least snapshot_every records since its last snapshot.
+  Result<void> snapshot_due(const Engine& engine, TimeMs now);
+  // Snapshots `run` now and drops the log the snapshot covers.
+  Result<void> snapshot(const Run& run, TimeMs now);
+  // Replaces a run's config (after the user asked to apply a changed one), with a snapshot.
+  Result<void> replace_config(const Run& run, std::string_view format, std::string_view text,
+                              TimeMs now);
+
+ private:
+  Store(StoreOptions options, std::string path, sqlite::Db db)
+      : options_(std::move(options)), path_(std::move(path)), db_(std::move(db)) {}
+  Result<void> prepare_statements();
+  Result<void> write_run_state(const Run& run);
+
+  StoreOptions options_;
+  std::string path_;
+  sqlite::Db db_;
+  sqlite::Statement insert_run_, insert_record_, insert_completion_, upsert_epoch_, update_run_,
+      upsert_snapshot_, delete_log_;
+
+  struct PendingRun {
+    std::string name, format, text;
+    TimeMs created;
+  };
+  std::vector<PendingRun> pending_runs_;
+  std::vector<Record> pending_records_;
+  std::vector<CompletionRow> pending_completions_;
+  std::set<std::string> touched_;
+  std::map<std::string, uint64_t> records_since_snapshot_;
+  std::map<std::string, int64_t> last_seq_;
+};
+
+}  // namespace traincoord
