@@ -28,7 +28,7 @@ CREATE TABLE snapshots (             -- the whole state of a run, as of log reco
   state BLOB NOT NULL
 );
 CREATE TABLE log (                   -- every state-changing request since the snapshot
-  seq INTEGER PRIMARY KEY,
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, also after the log is emptied
   run TEXT NOT NULL,
   time_ms INTEGER NOT NULL,
   kind INTEGER NOT NULL,             -- 1: a POST (target, body); 2: leases expired

@@ -1,0 +1,212 @@
+// The durable store brings a run back exactly: drive the API as the server does (each request
+// at one instant, logged, committed in batches), then restore into a fresh engine from the
+// data dir and compare the whole saved state byte for byte.
+#include "server/journal.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "core/run_codec.h"
+
+namespace traincoord {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/traincoord-journal-XXXXXX";
+    path_ = mkdtemp(pattern);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+constexpr const char* kConfig = R"({"name": "j", "data": {"train_batches": 23, "dev_batches": 5},
+  "schedule": {"epochs": 4, "iters_per_worker": 2},
+  "leases": {"timeout": 0.1, "max_attempts": 3, "on_job_failure": "skip"},
+  "early_stop": {"rule": "patience", "patience": 3}})";
+
+// The server's engine loop, minus the network.
+class Harness {
+ public:
+  Harness(const std::string& dir, uint64_t snapshot_every) {
+    StoreOptions o;
+    o.dir = dir;
+    o.durability = Durability::kOs;
+    o.snapshot_every = snapshot_every;
+    store_ = std::move(*Store::open(o));
+    observer_ = std::make_unique<StoreObserver>(*store_);
+    api_.set_observer(observer_.get());
+    clock_.replay_at(0);
+  }
+
+  HttpReply post(const std::string& target, const std::string& body) {
+    const TimeMs t = clock_.hold();
+    auto result = api_.handle({"POST", target, body});
+    clock_.release();
+    const std::string_view run = Api::run_of(target);
+    if (!run.empty() && engine_.find(std::string(run))) {
+      store_->add_record(run, t, RecordKind::kRequest, target, body);
+    }
+    return std::holds_alternative<HttpReply>(result) ? std::get<HttpReply>(result) : HttpReply{};
+  }
+
+  void tick() {
+    const TimeMs t = clock_.hold();
+    for (const std::string& run : api_.expire_leases()) {
+      store_->add_record(run, t, RecordKind::kExpire, "", "");
+    }
+    clock_.release();
+  }
+
+  void commit() {
+    ASSERT_TRUE(store_->commit(engine_));
+    ASSERT_TRUE(store_->snapshot_due(engine_, clock_.now()));
+  }
+
+  void advance(TimeMs dt) { clock_.replay_at(clock_.now() + dt); }
+  Engine& engine() { return engine_; }
+
+ private:
+  ServerClock clock_;
+  Engine engine_{clock_};
+  Api api_{engine_, clock_};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreObserver> observer_;
+};
+
+std::string saved_state(Engine& engine) { return RunCodec::save(**engine.find("j")); }
+
+void drive(Harness& h, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  ASSERT_EQ(h.post("/v1/runs", kConfig).status, 201);
+  h.commit();
+  for (int w = 0; w < 4; ++w)
+    h.post("/v1/runs/j/workers", R"({"name": "w)" + std::to_string(w) + "\"}");
+  std::vector<uint64_t> held(4, 0);
+  for (int step = 0; step < 600; ++step) {
+    const int w = pick(4);
+    const std::string worker = std::to_string(w);
+    const int action = pick(20);
+    if (action == 0) {  // the worker dies: its job will expire; it comes back as new
+      held[static_cast<size_t>(w)] = 0;
+      continue;
+    }
+    if (held[static_cast<size_t>(w)] == 0) {
+      auto r = h.post("/v1/runs/j/acquire", R"({"worker": )" + worker + "}");
+      const auto at = r.body.find("\"lease\":");
+      if (at != std::string::npos)
+        held[static_cast<size_t>(w)] = std::stoull(r.body.substr(at + 8));
+    } else if (action < 14) {
+      const std::string loss = std::to_string(0.1 + pick(100) / 50.0);
+      auto r = h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "lease": )" +
+                                                 std::to_string(held[static_cast<size_t>(w)]) +
+                                                 R"(, "loss": )" + loss +
+                                                 R"(, "samples": 3, "next": true})");
+      const auto at = r.body.find("\"lease\":");  // the next job's
+      held[static_cast<size_t>(w)] =
+          at == std::string::npos ? 0 : std::stoull(r.body.substr(at + 8));
+    } else if (action == 14) {
+      h.post("/v1/runs/j/fail", R"({"worker": )" + worker + R"(, "lease": )" +
+                                    std::to_string(held[static_cast<size_t>(w)]) + "}");
+      held[static_cast<size_t>(w)] = 0;
+    } else if (action == 15) {
+      h.post("/v1/runs/j/heartbeat", R"({"worker": )" + worker + "}");
+    }
+    if (pick(4) == 0) {
+      h.advance(pick(60));
+      h.tick();
+    }
+    if (pick(5) == 0) h.commit();
+  }
+  h.commit();
+}
+
+class Journal : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(Journal, RestoreRebuildsTheRunExactly) {
+  for (uint64_t snapshot_every : {uint64_t{1'000'000}, uint64_t{7}}) {
+    SCOPED_TRACE("snapshot_every " + std::to_string(snapshot_every));
+    TempDir dir;
+    std::string before;
+    {
+      Harness h(dir.path(), snapshot_every);
+      drive(h, GetParam());
+      before = saved_state(h.engine());
+    }
+    StoreOptions o;
+    o.dir = dir.path();
+    o.read_only = true;
+    auto store = Store::open(o);
+    ASSERT_TRUE(store) << store.error().message;
+    ServerClock clock;
+    Engine engine(clock);
+    Api api(engine, clock);
+    auto report = restore_engine(**store, engine, api, clock);
+    ASSERT_TRUE(report) << report.error().message;
+    EXPECT_EQ(report->runs, 1u);
+    if (snapshot_every == 7) {
+      EXPECT_EQ(report->snapshots, 1u);
+    }
+    const traincoord::Run& run = **engine.find("j");
+    EXPECT_GT(run.counters().completions_accepted, 20u);
+    EXPECT_GT(run.counters().lease_expiries, 0u);
+    EXPECT_EQ(saved_state(engine), before);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, Journal, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
+
+TEST(Store, RefusesAFileThatIsNotADatabase) {
+  TempDir dir;
+  { std::ofstream(dir.path() + "/traincoord.db") << "this is not a database, it is a diary"; }
+  StoreOptions o;
+  o.dir = dir.path();
+  auto store = Store::open(o);
+  ASSERT_FALSE(store);
+  EXPECT_NE(store.error().message.find("not a SQLite database, or corrupt"), std::string::npos)
+      << store.error().message;
+  std::ifstream in(dir.path() + "/traincoord.db");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "this is not a database, it is a diary");  // untouched
+}
+
+TEST(Store, RefusesAForeignDatabase) {
+  TempDir dir;
+  {
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("CREATE TABLE photos (id INTEGER)"));
+  }
+  StoreOptions o;
+  o.dir = dir.path();
+  auto store = Store::open(o);
+  ASSERT_FALSE(store);
+  EXPECT_NE(store.error().message.find("did not write"), std::string::npos);
+}
+
+TEST(Store, RefusesADatabaseOfANewerVersion) {
+  TempDir dir;
+  {
+    StoreOptions o;
+    o.dir = dir.path();
+    ASSERT_TRUE(Store::open(o));
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("PRAGMA user_version = 99"));
+  }
+  StoreOptions o;
+  o.dir = dir.path();
+  auto store = Store::open(o);
+  ASSERT_FALSE(store);
+  EXPECT_NE(store.error().message.find("newer traincoord"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traincoord
