@@ -118,6 +118,8 @@ class Worker {
                            std::chrono::milliseconds extra_wait);
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
   void heartbeat_loop();
+  void hold(uint64_t lease);  // the heartbeat thread keeps these leases alive, and only these
+  void drop(uint64_t lease);
 
   Options options_;
   std::unique_ptr<Connection> connection_;

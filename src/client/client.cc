@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -168,8 +169,22 @@ struct Worker::Heartbeats {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
+  std::vector<uint64_t> held;  // the leases this worker knows it holds
   std::thread thread;
 };
+
+void Worker::hold(uint64_t lease) {
+  if (!heartbeats_) return;
+  std::lock_guard lock(heartbeats_->mu);
+  heartbeats_->held.push_back(lease);
+}
+
+void Worker::drop(uint64_t lease) {
+  if (!heartbeats_) return;
+  std::lock_guard lock(heartbeats_->mu);
+  auto& held = heartbeats_->held;
+  held.erase(std::remove(held.begin(), held.end(), lease), held.end());
+}
 
 Worker::Worker(Options options) : options_(std::move(options)) {}
 
@@ -283,7 +298,11 @@ Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
   }
   const rapidjson::Value& a = nested ? d["next"] : d;
   const std::string status = a["status"].GetString();
-  if (status == "job") return std::optional<Job>(parse_job(a["job"]));
+  if (status == "job") {
+    Job job = parse_job(a["job"]);
+    hold(job.lease);
+    return std::optional<Job>(std::move(job));
+  }
   if (status == "finished") {
     finished_ = Finished{a["state"].GetString(), a["reason"].GetString()};
     return std::optional<Job>();
@@ -312,6 +331,7 @@ Result<std::optional<Job>> Worker::next() {
 }
 
 Result<Completed> Worker::complete(const Job& job, const Completion& c) {
+  drop(job.lease);
   JsonWriter j;
   j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
   j.field("samples", c.samples);
@@ -340,6 +360,7 @@ Result<Completed> Worker::complete(const Job& job, const Completion& c) {
 }
 
 Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Completion& c) {
+  drop(job.lease);
   JsonWriter j;
   j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
   j.field("samples", c.samples);
@@ -365,6 +386,7 @@ Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Compl
 }
 
 Result<void> Worker::fail(const Job& job, const std::string& reason) {
+  drop(job.lease);
   JsonWriter j;
   j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("reason", reason);
   j.end_object();
@@ -389,9 +411,11 @@ void Worker::heartbeat_loop() {
   std::unique_lock lock(heartbeats_->mu);
   while (
       !heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
-    lock.unlock();
     JsonWriter j;
-    j.begin_object().field("worker", id_.load()).end_object();
+    j.begin_object().field("worker", id_.load()).key("leases").begin_array();
+    for (uint64_t lease : heartbeats_->held) j.value(lease);
+    j.end_array().end_object();
+    lock.unlock();
     // A failed heartbeat is not fatal: the next one may reach the coordinator in time.
     (void)connection.request(http::verb::post, target, j.str(),
                              std::min(heartbeat_interval_, options_.request_timeout));

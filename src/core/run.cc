@@ -488,12 +488,13 @@ Result<NextJob> Run::next_job(WorkerId worker, LeaseId lease, const Completion& 
   return NextJob{*done, *next};
 }
 
-Result<std::vector<LeaseId>> Run::heartbeat(WorkerId worker) {
+Result<std::vector<LeaseId>> Run::heartbeat(WorkerId worker, const std::vector<LeaseId>* only) {
   expire_leases();
   auto w = worker_of(worker);
   if (!w) return tl::unexpected(w.error());
   const TimeMs deadline = clock_.now() + config_.lease_timeout_ms;
   for (LeaseId id : (*w)->leases) {
+    if (only && std::find(only->begin(), only->end(), id) == only->end()) continue;
     Lease& l = leases_.at(id);
     l.deadline = deadline;
     // Every run has one timeout, so the newest deadline is the latest: the list stays sorted.

@@ -206,8 +206,11 @@ class Run {
   Result<Completed> complete(WorkerId worker, LeaseId lease, const Completion& completion);
   // complete + acquire in one call.
   Result<NextJob> next_job(WorkerId worker, LeaseId lease, const Completion& completion);
-  // Extends every live lease of the worker; returns the leases it still holds.
-  Result<std::vector<LeaseId>> heartbeat(WorkerId worker);
+  // Extends the worker's live leases; returns the leases it still holds. With `only`, just the
+  // leases listed there are extended: a lease whose hand-out the worker never heard of (the
+  // reply was lost) is then left to expire instead of being kept alive forever.
+  Result<std::vector<LeaseId>> heartbeat(WorkerId worker,
+                                         const std::vector<LeaseId>* only = nullptr);
   // The worker gives up a job it could not do; it counts as a failed attempt.
   Result<void> fail(WorkerId worker, LeaseId lease, std::string_view reason);
   // The compatibility counter: the next position of the latest opened epoch of `set`.

@@ -140,6 +140,21 @@ TEST_F(RunTest, HeartbeatsKeepALeaseAlive) {
   EXPECT_EQ(run.counters().lease_expiries, 0u);
 }
 
+TEST_F(RunTest, AHeartbeatListingItsLeasesLetsALeaseTheWorkerNeverHeardOfExpire) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  const Job phantom = take(run, w);  // its reply was lost: the worker does not know it
+  const Job known = take(run, w);
+  const std::vector<LeaseId> only = {known.lease};
+  for (int i = 0; i < 3; ++i) {
+    clock_.advance(600);
+    ASSERT_TRUE(run.heartbeat(w, &only));
+  }
+  EXPECT_EQ(*run.heartbeat(w, &only), std::vector<LeaseId>{known.lease});
+  EXPECT_EQ(run.counters().lease_expiries, 1u);
+  EXPECT_EQ(take(run, w).index, phantom.index);  // handed out again
+}
+
 TEST_F(RunTest, ALateCompletionOfAnExpiredLeaseWinsAndSupersedesTheNewLease) {
   traincoord::Run run(small_config(), clock_);
   const WorkerId slow = run.join("slow"), fresh = run.join("fresh");

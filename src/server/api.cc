@@ -662,8 +662,22 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     return ok(j);
   }
   if (action == "heartbeat") {
+    std::optional<std::vector<LeaseId>> only;
+    if (const rapidjson::Value* listed = body.get("leases")) {
+      if (!listed->IsArray() || listed->Size() > 1024) {
+        return error_reply(400, "invalid_argument",
+                           "leases must be an array of at most 1024 lease ids", "leases");
+      }
+      only.emplace();
+      for (const auto& l : listed->GetArray()) {
+        if (!l.IsUint64()) {
+          return error_reply(400, "invalid_argument", "leases must hold lease ids", "leases");
+        }
+        only->push_back(l.GetUint64());
+      }
+    }
     TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(leases, run.heartbeat(worker));
+    TC_TRY_ASSIGN(leases, run.heartbeat(worker, only ? &*only : nullptr));
     JsonWriter j;
     j.begin_object().key("leases").begin_array();
     for (LeaseId l : leases) j.value(l);
