@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -454,6 +456,95 @@ TEST_F(ServerE2E, StatusAndRunsCommandsShowTheRun) {
   run_command(std::string(TRAINCOORD_BIN) + " status nope --url " + server_->url() + " 2>&1",
               &code);
   EXPECT_EQ(code, 3);
+}
+
+}  // namespace
+}  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+// `traincoord serve` run to completion of its start-up checks: its exit status and what it said.
+std::pair<int, std::string> serve_once(const std::vector<std::string>& args) {
+  std::string command = std::string(TRAINCOORD_BIN) + " serve";
+  for (const std::string& a : args) command += " '" + a + "'";
+  int status = -1;
+  const std::string out = run_command(command + " --listen 127.0.0.1:0 2>&1 & sleep 1; kill $! 2>/dev/null; wait $!", &status);
+  return {status, out};
+}
+
+class Durability : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = dir_.write("run.toml", kRun);
+    data_ = dir_.path() + "/data";
+    auto server = ServerProcess::start({"--config", config_, "--data-dir", data_});
+    ASSERT_NE(server, nullptr);
+    ASSERT_TRUE(client::post(server->url(), "/v1/runs/e2e/workers", R"({"name": "a"})"));
+    ASSERT_TRUE(client::post(server->url(), "/v1/runs/e2e/acquire", R"({"worker": 0})"));
+  }
+  std::string changed(const std::string& from, const std::string& to) {
+    std::string text = kRun;
+    text.replace(text.find(from), from.size(), to);
+    return dir_.write("changed.toml", text);
+  }
+  TempDir dir_;
+  std::string config_, data_;
+};
+
+TEST_F(Durability, AChangedConfigIsRefusedNamingTheFields) {
+  const std::string file = changed("train_batches = 30", "train_batches = 31");
+  auto [status, out] = serve_once({"--config", file, "--data-dir", data_});
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("data.train_batches"), std::string::npos) << out;
+  // Even when asked: the sizes shape the plan of a started run.
+  auto [status2, out2] =
+      serve_once({"--config", file, "--data-dir", data_, "--apply-config-changes"});
+  EXPECT_EQ(status2, 2) << out2;
+  EXPECT_NE(out2.find("cannot change data.train_batches"), std::string::npos) << out2;
+}
+
+TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
+  const std::string file = changed("timeout = 0.5", "timeout = 2.5");
+  auto [status, out] = serve_once({"--config", file, "--data-dir", data_});
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("leases.timeout"), std::string::npos) << out;
+  auto server = ServerProcess::start(
+      {"--config", file, "--data-dir", data_, "--apply-config-changes"});
+  ASSERT_NE(server, nullptr);
+  auto body = client::get(server->url(), "/v1/runs/e2e");
+  ASSERT_TRUE(body);
+  auto d = parse(*body);
+  EXPECT_EQ(d["config"]["lease_timeout_ms"].GetInt64(), 2500);
+  EXPECT_EQ(d["counters"]["handouts"].GetUint64(), 1u);  // the run went on where it was
+}
+
+TEST_F(Durability, InspectShowsARunWithoutAServer) {
+  int status = -1;
+  const std::string out = run_command(
+      std::string(TRAINCOORD_BIN) + " inspect --data-dir " + data_ + " 2>&1", &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("run e2e: running"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 running"), std::string::npos) << out;
+  const std::string json = run_command(
+      std::string(TRAINCOORD_BIN) + " inspect --data-dir " + data_ + " e2e --json", &status);
+  EXPECT_EQ(parse(json)["counters"]["handouts"].GetUint64(), 1u);
+}
+
+TEST_F(Durability, ACorruptDatabaseIsRefusedAndLeftAsItWas) {
+  const std::string db = data_ + "/traincoord.db";
+  std::filesystem::remove(data_ + "/traincoord.db-wal");
+  std::filesystem::remove(data_ + "/traincoord.db-shm");
+  {
+    std::fstream f(db, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << "garbage garbage garbage";
+  }
+  const auto size = std::filesystem::file_size(db);
+  auto [status, out] = serve_once({"--config", config_, "--data-dir", data_});
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("did not change it"), std::string::npos) << out;
+  EXPECT_EQ(std::filesystem::file_size(db), size);
 }
 
 }  // namespace

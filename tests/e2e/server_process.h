@@ -20,6 +20,10 @@
 #include <string>
 #include <vector>
 
+#ifndef TRAINCOORD_BIN
+#define TRAINCOORD_BIN "traincoord"
+#endif
+
 namespace traincoord::testing {
 
 class TempDir {
@@ -48,10 +52,11 @@ class ServerProcess {
   // Starts `traincoord serve ARGS --listen 127.0.0.1:PORT` (PORT 0: any free port) and waits
   // until it says where it listens. Returns null (after printing why) when it does not start.
   static std::unique_ptr<ServerProcess> start(const std::vector<std::string>& args,
-                                              uint16_t port = 0) {
+                                              uint16_t port = 0,
+                                              const std::string& binary = TRAINCOORD_BIN) {
     int out[2];
     if (pipe(out) != 0) return nullptr;
-    std::vector<std::string> argv = {TRAINCOORD_BIN, "serve"};
+    std::vector<std::string> argv = {binary, "serve"};
     argv.insert(argv.end(), args.begin(), args.end());
     argv.push_back("--listen");
     argv.push_back("127.0.0.1:" + std::to_string(port));
