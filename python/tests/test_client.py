@@ -1,0 +1,115 @@
+"""The Python client against the real coordinator."""
+
+import collections
+import math
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import traincoord
+from conftest import REPO
+
+
+def work(url, name, ledger, lock, **kwargs):
+    run = traincoord.Run(url, "py", name, long_poll=2, **kwargs)
+    with run:
+        for job in run.jobs():
+            job.complete(loss=0.1 * (job.epoch + 1), samples=len(job.batches))
+            if job.outcome in (None, "accepted", "duplicate"):
+                with lock:
+                    ledger[(job.set, job.epoch)].extend(job.batches)
+    return run.finished
+
+
+def check_exactly_once(ledger):
+    for epoch in range(3):
+        assert sorted(ledger[("train", epoch)]) == list(range(24)), epoch
+        assert sorted(ledger[("dev", epoch)]) == list(range(6)), epoch
+
+
+def test_workers_finish_the_run_with_every_batch_trained_once(server):
+    ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
+    threads = [threading.Thread(target=lambda i=i: ends.append(
+        work(server.url, f"t{i}", ledger, lock))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [e.state for e in ends] == ["completed"] * 3
+    check_exactly_once(ledger)
+    status = traincoord.Run(server.url, "py", "observer", heartbeats=False).status()
+    assert status["state"] == "completed"
+    assert math.isclose(status["epochs"][0]["loss"], 0.1)
+
+
+def test_a_job_that_raises_is_given_back_and_retried(server):
+    run = traincoord.Run(server.url, "py", "clumsy", heartbeats=False)
+    job = run.next_job()
+    with pytest.raises(ZeroDivisionError):
+        with job:
+            1 / 0
+    again = run.next_job()
+    assert (again.index, again.attempt) == (job.index, 2)
+
+
+def test_bad_input_is_a_clear_error_naming_the_field(server):
+    run = traincoord.Run(server.url, "py", "typo", heartbeats=False)
+    job = run.next_job()
+    with pytest.raises(traincoord.CoordinatorError) as e:
+        job.complete(loss=1.0, samples=-3)
+    assert e.value.status == 400 and e.value.field == "samples"
+    with pytest.raises(traincoord.CoordinatorError) as e:
+        traincoord.Run(server.url, "nope", "x")
+    assert e.value.status == 404 and "no run named nope" in e.value.message
+
+
+def test_a_non_finite_loss_is_reported_not_averaged(server):
+    run = traincoord.Run(server.url, "py", "nan", heartbeats=False)
+    job = run.next_job()
+    job.complete(loss=float("nan"), samples=2)
+    assert job.outcome == "accepted"
+    assert run.status()["counters"]["nonfinite_losses"] == 1
+
+
+def test_a_coordinator_restart_mid_run_loses_nothing(server):
+    ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
+    threads = [threading.Thread(target=lambda i=i: ends.append(
+        work(server.url, f"r{i}", ledger, lock))) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    server.kill()  # SIGKILL, mid-run
+    restarted = server.restart()
+    for t in threads:
+        t.join()
+    assert [e.state for e in ends] == ["completed"] * 2
+    check_exactly_once(ledger)
+    assert traincoord.Run(restarted.url, "py", "o", heartbeats=False).status()["state"] == \
+        "completed"
+
+
+def test_a_killed_workers_job_goes_to_another(server):
+    # A worker process takes a job and dies without a word.
+    code = ("import os, traincoord; r = traincoord.Run(%r, 'py', 'doomed'); "
+            "j = r.next_job(); print(j.index, flush=True); os._exit(9)") % server.url
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO / "python", timeout=60)
+    assert out.returncode == 9, out.stderr
+    lost = int(out.stdout)
+    ledger, lock = collections.defaultdict(list), threading.Lock()
+    assert work(server.url, "survivor", ledger, lock).state == "completed"
+    check_exactly_once(ledger)
+    status = traincoord.Run(server.url, "py", "o", heartbeats=False).status()
+    assert status["counters"]["lease_expiries"] >= 1
+    assert lost in range(12)
+
+
+def test_the_client_gives_up_when_the_coordinator_is_gone(server):
+    run = traincoord.Run(server.url, "py", "lonely", heartbeats=False, give_up_after=0.5)
+    server.kill()
+    with pytest.raises(traincoord.Unreachable) as e:
+        run.next_job()
+    assert "giving up" in e.value.message

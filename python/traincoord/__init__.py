@@ -1,0 +1,23 @@
+"""Python client for the traincoord training coordinator.
+
+    import traincoord
+    run = traincoord.Run("http://127.0.0.1:8470", "digits")      # or traincoord.Run.from_env()
+    for job in run.jobs():
+        loss = train_on(job.batches)
+        job.complete(loss=loss, samples=len(job.batches) * batch_size)
+
+Standard library only. Every call has a timeout; a coordinator that is down or restarting is
+retried with exponential backoff and jitter until ``give_up_after`` seconds, then
+:class:`Unreachable` is raised; leases are kept alive by a background heartbeat thread.
+"""
+
+from .client import (
+    CoordinatorError,
+    Finished,
+    Job,
+    Run,
+    Unreachable,
+)
+
+__all__ = ["CoordinatorError", "Finished", "Job", "Run", "Unreachable"]
+__version__ = "0.1.0"

@@ -1,0 +1,334 @@
+"""The traincoord client: a run, its jobs, heartbeats and retries (docs/PYTHON.md)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import random
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+
+class CoordinatorError(Exception):
+    """The coordinator refused a request (HTTP 4xx), or could not be reached (Unreachable)."""
+
+    def __init__(self, message: str, status: int = 0, code: str = "", field: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.field = field
+
+
+class Unreachable(CoordinatorError):
+    """The coordinator did not answer for ``give_up_after`` seconds."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a run ended: state is completed, early_stopped, cancelled or failed."""
+
+    state: str
+    reason: str
+
+
+@dataclass
+class Job:
+    """A job handed to this worker: train (or evaluate, for set == "dev") its batches."""
+
+    lease: int
+    attempt: int
+    set: str
+    epoch: int
+    index: int
+    jobs_in_epoch: int
+    batches: list[int]
+    _run: "Run | None" = field(default=None, repr=False, compare=False)
+    _result: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _sent: bool = field(default=False, repr=False, compare=False)
+    outcome: str | None = field(default=None, compare=False)
+
+    def complete(self, loss: float, samples: int = 0, **metrics: float) -> None:
+        """Reports the job done. Inside ``Run.jobs()`` the report travels with the request for
+        the next job (one round trip per job); elsewhere it is sent at once."""
+        if self._result is not None:
+            raise RuntimeError(f"job {self.index} of {self.set} epoch {self.epoch} completed twice")
+        self._result = {"loss": _json_number(loss), "samples": int(samples)}
+        if metrics:
+            self._result["metrics"] = {k: _json_number(v) for k, v in metrics.items()}
+        if self._run is not None and not self._run._in_loop(self):
+            self._run._complete(self)
+
+    def fail(self, reason: str) -> None:
+        """Gives the job back as failed (a failed attempt; another worker will retry it)."""
+        if self._run is None:
+            raise RuntimeError("this job has no run")
+        self._result = {"failed": reason}
+        self._run._fail(self, reason)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is not None and self._result is None:
+            self.fail(f"{kind.__name__}: {value}")
+        return False
+
+
+def _json_number(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None  # a non-finite loss travels as null
+
+
+class _Connection:
+    """One keep-alive HTTP connection with timeouts; reopened after any failure."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else None
+        for attempt in range(2):  # a kept-alive connection may have been closed by the server
+            if self.conn is None:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                conn.connect()  # raises OSError: the caller retries
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.conn = conn
+            self.conn.sock.settimeout(timeout)
+            try:
+                headers = {"Content-Type": "application/json"} if data is not None else {}
+                self.conn.request(method, path, body=data, headers=headers)
+                response = self.conn.getresponse()
+                return response.status, response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.close()
+                if attempt == 1:
+                    raise
+            except Exception:
+                self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+
+class Run:
+    """A worker of one run on a coordinator: registers on construction.
+
+    url: the coordinator (http://HOST:PORT); run: the run's name; worker: a stable name
+    (default HOSTNAME-PID). timeout: seconds for one request; long_poll: seconds the server may
+    hold an acquire while there is no job; give_up_after: seconds of failure before
+    Unreachable; heartbeats: extend leases from a background thread.
+    """
+
+    def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
+                 long_poll: float = 20.0, give_up_after: float = 300.0,
+                 heartbeats: bool = True) -> None:
+        parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
+        if parsed.scheme != "http" or not parsed.port:
+            raise CoordinatorError(f"url must be http://HOST:PORT, got {url!r}", field="url")
+        self.url, self.run = url, run
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
+        self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
+        self._host, self._port = parsed.hostname, parsed.port
+        self._conn = _Connection(self._host, self._port, timeout)
+        self._lock = threading.Lock()
+        self._held: set[int] = set()
+        self._current: Job | None = None
+        self.finished: Finished | None = None
+        self.id = -1
+        self.heartbeat_interval = 10.0
+        self._register()
+        self._stop = threading.Event()
+        self._heartbeats = None
+        if heartbeats:
+            self._heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                                name=f"traincoord-heartbeat-{self.worker}")
+            self._heartbeats.start()
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "Run":
+        """The run that ``traincoord launch`` (or the user) describes in the environment:
+        TRAINCOORD_URL, TRAINCOORD_RUN and TRAINCOORD_WORKER."""
+        try:
+            url, run = os.environ["TRAINCOORD_URL"], os.environ["TRAINCOORD_RUN"]
+        except KeyError as missing:
+            raise CoordinatorError(f"environment variable {missing.args[0]} is not set") from None
+        return cls(url, run, os.environ.get("TRAINCOORD_WORKER"), **kwargs)
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def jobs(self, stop_at_wait: bool = False) -> Iterator[Job]:
+        """Yields jobs until the run is finished (then ``self.finished`` says how). Complete
+        (or fail) each job before asking for the next. With stop_at_wait, the loop also ends
+        when the coordinator has no job right now (an epoch barrier) instead of waiting."""
+        job = self.next_job(wait=not stop_at_wait)
+        while job is not None:
+            self._current = job
+            try:
+                yield job
+            finally:
+                self._current = None
+            if job._result is None:
+                raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} was neither "
+                                   "completed nor failed")
+            if "failed" in job._result:
+                job = self.next_job(wait=not stop_at_wait)
+            else:
+                job = self._complete(job, next_job=True, wait=not stop_at_wait)
+
+    def next_job(self, wait: bool = True) -> Job | None:
+        """The next job; None when the run is finished, or (wait=False) when there is no job
+        right now."""
+        while True:
+            reply = self._post("acquire", {"worker": self.id,
+                                           "wait_ms": int(self.long_poll * 1000) if wait else 0},
+                               extra=self.long_poll if wait else 0)
+            job = self._take(reply)
+            if job is not None or reply["status"] == "finished" or not wait:
+                return job
+
+    def status(self) -> dict[str, Any]:
+        """The run's status (GET /v1/runs/RUN): epochs, losses, workers, early stop, ..."""
+        return self._request("GET", f"/v1/runs/{self.run}", None, 0)
+
+    @property
+    def early_stop(self) -> dict[str, Any]:
+        return self.status()["early_stop"]
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch whose checkpoint to keep (the best dev result so far)."""
+        return self.early_stop["best_epoch"]
+
+    def leave(self) -> None:
+        """Leaves the run: held jobs go back at once."""
+        self._post("leave", {"worker": self.id})
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._heartbeats is not None:
+            self._heartbeats.join(timeout=self.timeout)
+        self._conn.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _in_loop(self, job: Job) -> bool:
+        return self._current is job
+
+    def _register(self) -> None:
+        reply = self._post("workers", {"name": self.worker}, registering=True)
+        self.id = reply["worker"]
+        self.heartbeat_interval = reply["heartbeat_interval_ms"] / 1000.0
+
+    def _take(self, reply: Mapping[str, Any]) -> Job | None:
+        if reply["status"] == "job":
+            j = reply["job"]
+            job = Job(j["lease"], j["attempt"], j["set"], j["epoch"], j["index"],
+                      j["jobs_in_epoch"], list(j["batches"]), _run=self)
+            with self._lock:
+                self._held.add(job.lease)
+            return job
+        if reply["status"] == "finished":
+            self.finished = Finished(reply["state"], reply["reason"])
+        return None
+
+    def _drop(self, lease: int) -> None:
+        with self._lock:
+            self._held.discard(lease)
+
+    def _complete(self, job: Job, next_job: bool = False, wait: bool = True) -> Job | None:
+        self._drop(job.lease)
+        body = {"worker": self.id, "lease": job.lease, **job._result}
+        if next_job:
+            body.update({"next": True, "wait_ms": int(self.long_poll * 1000) if wait else 0})
+        try:
+            reply = self._post("complete", body, extra=self.long_poll if next_job and wait else 0)
+        except CoordinatorError as e:
+            if e.status != 404:
+                raise
+            # The coordinator restarted without its state and no longer knows the lease; the
+            # job will be handed out again.
+            job.outcome = "lost"
+            if "has not registered" in e.message:
+                self._register()
+            return self.next_job(wait=wait) if next_job else None
+        job.outcome = reply["outcome"]
+        job._sent = True
+        if not next_job:
+            return None
+        nxt = self._take(reply["next"])
+        if nxt is None and reply["next"]["status"] == "wait" and wait:
+            return self.next_job(wait=True)
+        return nxt
+
+    def _fail(self, job: Job, reason: str) -> None:
+        self._drop(job.lease)
+        self._post("fail", {"worker": self.id, "lease": job.lease, "reason": reason[:1000]})
+
+    def _post(self, action: str, body: dict[str, Any], extra: float = 0,
+              registering: bool = False) -> dict[str, Any]:
+        try:
+            return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra)
+        except CoordinatorError as e:
+            if (not registering and e.status == 404 and "has not registered" in e.message
+                    and action != "complete"):
+                self._register()  # the coordinator restarted without our registration
+                body = {**body, "worker": self.id}
+                return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra)
+            raise
+
+    def _request(self, method: str, path: str, body: Any, extra: float) -> dict[str, Any]:
+        """One request, retried with exponential backoff and full jitter while the coordinator
+        is unreachable or answers 5xx, for at most give_up_after seconds."""
+        failing_since = None
+        backoff = 0.1
+        while True:
+            try:
+                status, data = self._conn.request(method, path, body, self.timeout + extra)
+                if status < 500:
+                    reply = json.loads(data) if data else {}
+                    if status in (200, 201):
+                        return reply
+                    err = reply.get("error", {}) if isinstance(reply, dict) else {}
+                    raise CoordinatorError(err.get("message", data.decode(errors="replace")),
+                                           status, err.get("code", ""), err.get("field", ""))
+                last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
+            except (OSError, http.client.HTTPException) as e:
+                last = f"{type(e).__name__}: {e}"
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since >= self.give_up_after:
+                raise Unreachable(f"the coordinator at {self.url} has not answered for "
+                                  f"{now - failing_since:.0f} s; giving up (last error: {last})")
+            time.sleep(random.uniform(backoff / 2, backoff))
+            backoff = min(5.0, backoff * 2)
+
+    def _heartbeat_loop(self) -> None:
+        conn = _Connection(self._host, self._port, self.timeout)
+        while not self._stop.wait(self.heartbeat_interval):
+            with self._lock:
+                leases = sorted(self._held)
+            try:
+                conn.request("POST", f"/v1/runs/{self.run}/heartbeat",
+                             {"worker": self.id, "leases": leases},
+                             min(self.timeout, self.heartbeat_interval))
+            except (OSError, http.client.HTTPException):
+                pass  # the next heartbeat may get through in time
+        conn.close()
