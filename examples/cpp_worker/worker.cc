@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -20,17 +21,25 @@
 int main(int argc, char** argv) {
   CLI::App app{"An example traincoord worker"};
   traincoord::client::Options options;
+  // `traincoord launch` says where to go in the environment; flags override it.
+  if (const char* v = std::getenv("TRAINCOORD_URL")) options.url = v;
+  if (const char* v = std::getenv("TRAINCOORD_RUN")) options.run = v;
+  if (const char* v = std::getenv("TRAINCOORD_WORKER")) options.worker_name = v;
   int job_ms = 0;
   int die_after = -1;
   double give_up_s = 60;
   app.add_option("--url", options.url, "the coordinator")->capture_default_str();
-  app.add_option("--run", options.run, "the run")->required();
+  app.add_option("--run", options.run, "the run (default: $TRAINCOORD_RUN)");
   app.add_option("--name", options.worker_name, "this worker's stable name");
   app.add_option("--job-ms", job_ms, "milliseconds each job takes");
   app.add_option("--die-after", die_after,
                  "exit abruptly (no goodbye) while holding the job after this many completions");
   app.add_option("--give-up-after", give_up_s, "seconds an unreachable coordinator is retried");
   CLI11_PARSE(app, argc, argv);
+  if (options.run.empty()) {
+    std::cerr << "example_worker: give --run or set TRAINCOORD_RUN\n";
+    return 2;
+  }
   options.give_up_after = std::chrono::milliseconds(static_cast<int64_t>(give_up_s * 1000));
 
   auto worker = traincoord::client::Worker::connect(options);

@@ -44,6 +44,18 @@ int runs(const StatusArgs& args);
 // Renders the JSON of GET /v1/runs/RUN for a terminal.
 void print_run_status(const std::string& status_json, std::ostream& out);
 
+struct LaunchArgs {
+  int workers = 1;
+  std::string config;
+  int max_restarts = 0;
+  std::string data_dir;  // empty: in memory
+  std::vector<std::string> command;
+};
+// Exit status: 0 when the run completed or stopped early and every worker exited 0; 1 when a
+// worker failed (after its restarts); 2 for bad arguments; 3 when the workers exited before
+// the run finished; 130 when interrupted.
+int launch(const LaunchArgs& args);
+
 struct InspectArgs {
   std::string data_dir;
   std::string run;

@@ -65,6 +65,21 @@ int main(int argc, char** argv) {
   rs->add_option("--url", runs_args.url, "the coordinator")->capture_default_str();
   rs->add_flag("--json", runs_args.json, "print JSON");
 
+  LaunchArgs launch_args;
+  CLI::App* lch = app.add_subcommand(
+      "launch", "Start a coordinator and N worker processes: launch --workers N --config RUN.toml "
+                "-- python3 train.py ARGS");
+  lch->add_option("--workers", launch_args.workers, "worker processes")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  lch->add_option("--config", launch_args.config, "the run config (TOML)")->required();
+  lch->add_option("--max-restarts", launch_args.max_restarts,
+                  "restarts of a worker that exits with an error")
+      ->capture_default_str();
+  lch->add_option("--data-dir", launch_args.data_dir, "keep the run's state there (default: in memory)");
+  lch->add_option("command", launch_args.command, "the worker command, after --");
+  lch->allow_extras(false);
+
   InspectArgs inspect_args;
   CLI::App* ins = app.add_subcommand("inspect", "Show the runs in a data dir, without a server");
   ins->add_option("--data-dir", inspect_args.data_dir, "the data dir")->required();
@@ -73,6 +88,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (ins->parsed()) return inspect(inspect_args);
+  if (lch->parsed()) return launch(launch_args);
   if (sim->parsed()) return simulate(sim_args);
   if (srv->parsed()) return serve(serve_args);
   if (st->parsed()) return status(status_args);
