@@ -80,8 +80,7 @@ std::string progress_line(const std::string& status_json) {
   } else {
     out << d["state"].GetString();
   }
-  out << "  run " << p["jobs_done"].GetUint64() << "/" << p["jobs_planned"].GetUint64()
-      << " jobs";
+  out << "  run " << p["jobs_done"].GetUint64() << "/" << p["jobs_planned"].GetUint64() << " jobs";
   if (p["eta_s"].IsNumber()) out << ", ETA " << static_cast<long>(p["eta_s"].GetDouble()) << " s";
   return out.str();
 }
@@ -89,7 +88,8 @@ std::string progress_line(const std::string& status_json) {
 }  // namespace
 
 int launch(const LaunchArgs& args) {
-  if (args.command.empty()) return fail("give the worker command after --, e.g. -- python3 train.py");
+  if (args.command.empty())
+    return fail("give the worker command after --, e.g. -- python3 train.py");
   std::ifstream in(args.config, std::ios::binary);
   if (!in) return fail("cannot read run config " + args.config);
   std::ostringstream text;
@@ -145,12 +145,15 @@ int launch(const LaunchArgs& args) {
   };
   std::vector<Worker> workers(static_cast<size_t>(args.workers));
   auto env_of = [&](int rank) {
-    return std::vector<std::string>{
-        "TRAINCOORD_URL=" + url, "TRAINCOORD_RUN=" + run_name,
-        "TRAINCOORD_WORKER=rank" + std::to_string(rank), "RANK=" + std::to_string(rank),
-        "LOCAL_RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(args.workers),
-        "LOCAL_WORLD_SIZE=" + std::to_string(args.workers), "MASTER_ADDR=127.0.0.1",
-        "MASTER_PORT=" + std::to_string(master_port)};
+    return std::vector<std::string>{"TRAINCOORD_URL=" + url,
+                                    "TRAINCOORD_RUN=" + run_name,
+                                    "TRAINCOORD_WORKER=rank" + std::to_string(rank),
+                                    "RANK=" + std::to_string(rank),
+                                    "LOCAL_RANK=" + std::to_string(rank),
+                                    "WORLD_SIZE=" + std::to_string(args.workers),
+                                    "LOCAL_WORLD_SIZE=" + std::to_string(args.workers),
+                                    "MASTER_ADDR=127.0.0.1",
+                                    "MASTER_PORT=" + std::to_string(master_port)};
   };
   for (int r = 0; r < args.workers; ++r) workers[r].pid = spawn(args.command, env_of(r));
 

@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
 
   LaunchArgs launch_args;
   CLI::App* lch = app.add_subcommand(
-      "launch", "Start a coordinator and N worker processes: launch --workers N --config RUN.toml "
-                "-- python3 train.py ARGS");
+      "launch",
+      "Start a coordinator and N worker processes: launch --workers N --config RUN.toml "
+      "-- python3 train.py ARGS");
   lch->add_option("--workers", launch_args.workers, "worker processes")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
   lch->add_option("--max-restarts", launch_args.max_restarts,
                   "restarts of a worker that exits with an error")
       ->capture_default_str();
-  lch->add_option("--data-dir", launch_args.data_dir, "keep the run's state there (default: in memory)");
+  lch->add_option("--data-dir", launch_args.data_dir,
+                  "keep the run's state there (default: in memory)");
   lch->add_option("command", launch_args.command, "the worker command, after --");
   lch->allow_extras(false);
 

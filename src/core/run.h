@@ -174,6 +174,15 @@ struct Event {
   std::string text;
 };
 
+// A counted completion, kept for a while for loss curves within an epoch.
+struct RecentCompletion {
+  int64_t epoch = 0;
+  SetKind set = SetKind::kTrain;
+  uint64_t job = 0;
+  double loss = 0;
+  TimeMs time = 0;
+};
+
 struct IndexReply {
   int64_t epoch = 0;
   uint64_t position = 0;
@@ -234,6 +243,10 @@ class Run {
   // Recent events, oldest first, at most kEventsKept; seq grows by one per event.
   const std::deque<Event>& events() const { return events_; }
   static constexpr size_t kEventsKept = 1024;
+  // The latest counted completions, oldest first, at most kRecentKept (not saved in
+  // snapshots: a restart starts the list afresh).
+  const std::deque<RecentCompletion>& recent_completions() const { return recent_; }
+  static constexpr size_t kRecentKept = 4096;
 
  private:
   friend class RunCodec;  // run_codec.cc: saves and restores the whole state
@@ -294,6 +307,7 @@ class Run {
   RunCounters counters_;
   std::deque<Event> events_;
   uint64_t event_seq_ = 0;
+  std::deque<RecentCompletion> recent_;
 };
 
 }  // namespace traincoord

@@ -10,6 +10,7 @@
 
 #include "config/config_file.h"
 #include "json/json_writer.h"
+#include "server/metrics.h"
 
 namespace traincoord {
 
@@ -533,6 +534,169 @@ std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
   return route(request);
 }
 
+std::string_view Api::endpoint_of(std::string_view method, std::string_view target) {
+  const auto parts = split_path(target);
+  if (parts.empty()) return method == "GET" ? "dashboard" : "other";
+  if (parts.size() == 1) {
+    // Literals only: the label outlives the request whose target `parts` points into.
+    if (parts[0] == "healthz") return "healthz";
+    if (parts[0] == "metrics") return "metrics";
+    return method == "GET" ? "dashboard" : "other";
+  }
+  if (parts[0] != "v1" || parts[1] != "runs") return "other";
+  if (parts.size() == 2) return method == "POST" ? "create_run" : "runs";
+  if (parts.size() == 3) return "status";
+  static const std::set<std::string_view> kKnown = {"cancel",    "workers",    "leave",
+                                                    "heartbeat", "acquire",    "complete",
+                                                    "fail",      "next_index", "history"};
+  if (parts.size() == 4) {
+    if (auto it = kKnown.find(parts[3]); it != kKnown.end()) return *it;
+  }
+  return "other";
+}
+
+std::string Api::metrics_text() const {
+  const TimeMs now = clock_.now();
+  std::string out;
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  auto head = [&](const Family& f) {
+    out +=
+        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
+  };
+  auto series = [&](const char* name, const std::string& labels, double value) {
+    out += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
+  };
+  const std::vector<const Run*> runs = engine_.runs();
+  auto each_run = [&](const Family& f, auto&& emit) {
+    head(f);
+    for (const Run* run : runs) emit(*run, "run=\"" + prometheus_escape(run->config().name) + "\"");
+  };
+  each_run({"traincoord_run_state", "gauge", "1 for the state the run is in."},
+           [&](const Run& r, const std::string& l) {
+             for (RunState st : {RunState::kRunning, RunState::kCompleted, RunState::kEarlyStopped,
+                                 RunState::kCancelled, RunState::kFailed}) {
+               series("traincoord_run_state",
+                      l + ",state=\"" + std::string(run_state_name(st)) + "\"",
+                      r.state() == st ? 1 : 0);
+             }
+           });
+  each_run({"traincoord_run_epochs_done", "gauge", "Train epochs closed."},
+           [&](const Run& r, const std::string& l) {
+             double done = 0;
+             for (const Epoch& e : r.epochs()) done += e.plan.set == SetKind::kTrain && e.closed();
+             series("traincoord_run_epochs_done", l, done);
+           });
+  each_run({"traincoord_run_target_epoch", "gauge", "The epoch training runs up to."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_target_epoch", l, static_cast<double>(r.plan().target_epoch));
+           });
+  each_run(
+      {"traincoord_run_jobs", "gauge", "Jobs of the run by state (open: of open epochs)."},
+      [&](const Run& r, const std::string& l) {
+        const Progress p = progress_of(r, now);
+        series("traincoord_run_jobs", l + ",state=\"open\"", static_cast<double>(p.open));
+        series("traincoord_run_jobs", l + ",state=\"running\"", static_cast<double>(p.running));
+        series("traincoord_run_jobs", l + ",state=\"done\"", static_cast<double>(p.done));
+        series("traincoord_run_jobs", l + ",state=\"failed\"", static_cast<double>(p.failed));
+        series("traincoord_run_jobs", l + ",state=\"planned\"", static_cast<double>(p.planned));
+      });
+  each_run({"traincoord_run_lease_expiries_total", "counter", "Leases that ran out."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_lease_expiries_total", l,
+                    static_cast<double>(r.counters().lease_expiries));
+           });
+  each_run({"traincoord_run_rehandouts_total", "counter", "Jobs handed out again."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_rehandouts_total", l,
+                    static_cast<double>(r.counters().rehandouts));
+           });
+  each_run({"traincoord_run_completions_accepted_total", "counter", "Completions counted."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_completions_accepted_total", l,
+                    static_cast<double>(r.counters().completions_accepted));
+           });
+  each_run({"traincoord_run_completions_rejected_total", "counter",
+            "Completions not counted: repeated or late (duplicate), another worker's lease "
+            "(foreign), a lease never issued (unknown)."},
+           [&](const Run& r, const std::string& l) {
+             const RunCounters& c = r.counters();
+             series("traincoord_run_completions_rejected_total", l + ",reason=\"duplicate\"",
+                    static_cast<double>(c.completions_duplicate));
+             series("traincoord_run_completions_rejected_total", l + ",reason=\"foreign\"",
+                    static_cast<double>(c.completions_foreign));
+             series("traincoord_run_completions_rejected_total", l + ",reason=\"unknown\"",
+                    static_cast<double>(c.completions_unknown));
+           });
+  each_run({"traincoord_run_jobs_failed_total", "counter", "Jobs given up after max_attempts."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_jobs_failed_total", l,
+                    static_cast<double>(r.counters().jobs_failed));
+           });
+  each_run({"traincoord_run_last_loss", "gauge", "The loss of the last closed epoch of each set."},
+           [&](const Run& r, const std::string& l) {
+             for (SetKind set : {SetKind::kTrain, SetKind::kDev}) {
+               for (auto it = r.epochs().rbegin(); it != r.epochs().rend(); ++it) {
+                 if (it->plan.set != set || !it->closed()) continue;
+                 series("traincoord_run_last_loss",
+                        l + ",set=\"" + std::string(set_name(set)) + "\"", it->loss);
+                 break;
+               }
+             }
+           });
+  each_run({"traincoord_run_best_dev_value", "gauge", "The best value early stopping has seen."},
+           [&](const Run& r, const std::string& l) {
+             if (r.early_stop().state().best_epoch) {
+               series("traincoord_run_best_dev_value", l, r.early_stop().state().best_value);
+             }
+           });
+  each_run({"traincoord_run_best_epoch", "gauge", "The epoch whose checkpoint to keep."},
+           [&](const Run& r, const std::string& l) {
+             if (auto b = r.early_stop().state().best_epoch) {
+               series("traincoord_run_best_epoch", l, static_cast<double>(*b));
+             }
+           });
+  each_run({"traincoord_run_early_stop_wait", "gauge", "Dev epochs since the last improvement."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_early_stop_wait", l, r.early_stop().state().wait);
+           });
+  each_run({"traincoord_run_early_stopped", "gauge", "1 once early stopping has fired."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_early_stopped", l, r.early_stop().state().stopped ? 1 : 0);
+           });
+  // Per worker, capped: the first kWorkersPerRunInMetrics workers of a run by id get their own
+  // series; the others are summed into worker="_other" (jobs) or take the largest age.
+  auto each_worker = [&](const Family& f, auto&& value, bool sum) {
+    head(f);
+    for (const Run* run : runs) {
+      const std::string l = "run=\"" + prometheus_escape(run->config().name) + "\"";
+      double other = 0;
+      bool any_other = false;
+      for (size_t i = 0; i < run->workers().size(); ++i) {
+        const double v = value(run->workers()[i]);
+        if (i < kWorkersPerRunInMetrics) {
+          series(f.name, l + ",worker=\"" + prometheus_escape(run->workers()[i].name) + "\"", v);
+        } else {
+          other = any_other ? (sum ? other + v : std::max(other, v)) : v;
+          any_other = true;
+        }
+      }
+      if (any_other) series(f.name, l + ",worker=\"_other\"", other);
+    }
+  };
+  each_worker(
+      {"traincoord_worker_jobs_done_total", "counter", "Jobs a worker completed."},
+      [](const WorkerInfo& w) { return static_cast<double>(w.jobs_done); }, true);
+  each_worker(
+      {"traincoord_worker_last_seen_age_seconds", "gauge",
+       "Seconds since a worker's last request or heartbeat."},
+      [&](const WorkerInfo& w) { return static_cast<double>(now - w.last_seen) / 1000.0; }, false);
+  return out;
+}
+
 std::string_view Api::run_of(std::string_view target) {
   const auto parts = split_path(target);
   if (parts.size() >= 3 && parts[0] == "v1" && parts[1] == "runs") return parts[2];
@@ -602,6 +766,30 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }
   const std::string_view action = parts[3];
+  if (action == "history") {
+    if (m != "GET") return method_not_allowed("GET", m);
+    JsonWriter j;
+    j.begin_object().field("run", run.config().name).key("epochs").begin_array();
+    for (const Epoch& e : run.epochs()) {
+      j.begin_object().field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
+      j.field("closed", e.closed()).key("loss");
+      if (e.closed()) {
+        j.value(e.loss);
+      } else {
+        j.null();
+      }
+      j.key("metrics").begin_object();
+      for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
+      j.end_object().field("done", e.done).field("jobs", e.plan.size()).end_object();
+    }
+    j.end_array().key("jobs").begin_array();
+    for (const RecentCompletion& c : run.recent_completions()) {
+      j.begin_object().field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
+      j.field("loss", c.loss).field("ago_ms", now - c.time).end_object();
+    }
+    j.end_array().end_object();
+    return ok(j);
+  }
   static const std::set<std::string_view> kActions = {"cancel",  "workers",  "leave", "heartbeat",
                                                       "acquire", "complete", "fail",  "next_index"};
   if (!kActions.count(action)) {

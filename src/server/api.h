@@ -67,6 +67,13 @@ class Api {
 
   // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
   static std::string_view run_of(std::string_view target);
+  // The endpoint a request is for, as a low-cardinality metrics label ("acquire", "status", ...).
+  static std::string_view endpoint_of(std::string_view method, std::string_view target);
+
+  // The per-run and per-worker series of GET /metrics, in the Prometheus text format (docs/
+  // OBSERVABILITY.md). At most kWorkersPerRunInMetrics workers of a run get their own series.
+  std::string metrics_text() const;
+  static constexpr size_t kWorkersPerRunInMetrics = 200;
 
   // Expires the leases of every run whose deadline has passed; returns the runs where one did.
   std::vector<std::string> expire_leases();

@@ -6,6 +6,8 @@
 #include <cstdlib>
 
 #include "server/journal.h"
+#include "server/metrics.h"
+#include "server/web_assets.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -33,7 +35,10 @@ namespace {
 struct Call {
   HttpRequest request;
   std::function<void(HttpReply)> respond;
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 };
+
+std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
 }  // namespace
 
@@ -126,7 +131,55 @@ class HttpServer::Impl {
   struct Parked {
     ParkedAcquire acquire;
     std::function<void(HttpReply)> respond;
+    std::string_view endpoint;
+    std::chrono::steady_clock::time_point received;
   };
+
+  // GET /metrics and the dashboard's files: nothing to log, nothing to commit.
+  HttpReply serve_get(const HttpRequest& request) {
+    const std::string_view path = path_of(request.target);
+    if (path == "/metrics") {
+      HttpReply r{200,
+                  api_.metrics_text() + server_metrics(),
+                  {},
+                  "text/plain; version=0.0.4; charset=utf-8"};
+      return r;
+    }
+    if (const WebAsset* asset = find_web_asset(path)) {
+      return HttpReply{
+          200, std::string(asset->body), {}, std::string(asset->content_type) + "; charset=utf-8"};
+    }
+    return error_reply(404, "not_found", "no endpoint at " + request.target + " (see docs/API.md)");
+  }
+
+  std::string server_metrics() const {
+    std::string out;
+    out +=
+        "# HELP traincoord_http_requests_total Requests answered, by endpoint and status.\n"
+        "# TYPE traincoord_http_requests_total counter\n";
+    for (const auto& [key, count] : requests_) {
+      out += "traincoord_http_requests_total{endpoint=\"" + key.first + "\",status=\"" +
+             std::to_string(key.second) + "\"} " + std::to_string(count) + "\n";
+    }
+    out +=
+        "# HELP traincoord_http_request_duration_seconds From a request's arrival to its "
+        "reply (after the commit it waits for).\n"
+        "# TYPE traincoord_http_request_duration_seconds histogram\n";
+    request_latency_.write(out, "traincoord_http_request_duration_seconds", "");
+    out +=
+        "# HELP traincoord_http_connections Open client connections.\n"
+        "# TYPE traincoord_http_connections gauge\ntraincoord_http_connections " +
+        std::to_string(connections_.load()) + "\n";
+    out +=
+        "# HELP traincoord_store_commit_duration_seconds Durable commits (group commit).\n"
+        "# TYPE traincoord_store_commit_duration_seconds histogram\n";
+    commit_latency_.write(out, "traincoord_store_commit_duration_seconds", "");
+    out +=
+        "# HELP traincoord_store_commit_batch_requests Requests answered per commit.\n"
+        "# TYPE traincoord_store_commit_batch_requests histogram\n";
+    commit_batch_.write(out, "traincoord_store_commit_batch_requests", "");
+    return out;
+  }
 
   // The engine thread: takes every queued request at once, answers them in order, gives the
   // parked acquires of the runs those requests touched another try, makes the batch durable in
@@ -145,6 +198,13 @@ class HttpServer::Impl {
       }
       std::vector<std::string> touched;
       for (Call& call : batch) {
+        const std::string_view endpoint =
+            Api::endpoint_of(call.request.method, call.request.target);
+        if (call.request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
+          outbox_.push_back(
+              {std::move(call.respond), serve_get(call.request), endpoint, call.received});
+          continue;
+        }
         const TimeMs t = clock_.hold();
         auto result = api_.handle(call.request);
         clock_.release();
@@ -154,10 +214,11 @@ class HttpServer::Impl {
           touched.emplace_back(run);
         }
         if (auto* reply = std::get_if<HttpReply>(&result)) {
-          outbox_.push_back({std::move(call.respond), std::move(*reply)});
+          outbox_.push_back({std::move(call.respond), std::move(*reply), endpoint, call.received});
         } else {
           auto& acquire = std::get<ParkedAcquire>(result);
-          parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.respond)});
+          parked_[acquire.run].push_back(
+              Parked{std::move(acquire), std::move(call.respond), endpoint, call.received});
         }
       }
       batch.clear();
@@ -183,13 +244,28 @@ class HttpServer::Impl {
       if (store_) {
         // Nothing is answered before it is durable. A failed commit (an fsync error above all)
         // cannot be retried safely: stop, and let the restart recover from what is on disk.
-        if (auto r = store_->commit(engine_); !r) {
+        const auto commit_start = std::chrono::steady_clock::now();
+        const bool pending = store_->has_pending();
+        const size_t batch_requests = outbox_.size();
+        auto r = store_->commit(engine_);
+        if (pending) {
+          commit_latency_.observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start)
+                  .count());
+          commit_batch_.observe(static_cast<double>(batch_requests));
+        }
+        if (!r) {
           std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
                        store_->path().c_str(), r.error().message.c_str());
           std::abort();
         }
       }
-      for (Outgoing& o : outbox_) o.respond(std::move(o.reply));
+      const auto sent = std::chrono::steady_clock::now();
+      for (Outgoing& o : outbox_) {
+        requests_[{std::string(o.endpoint), o.reply.status}] += 1;
+        request_latency_.observe(std::chrono::duration<double>(sent - o.received).count());
+        o.respond(std::move(o.reply));
+      }
       outbox_.clear();
       if (store_) {
         if (auto r = store_->snapshot_due(engine_, clock_.now()); !r) {
@@ -224,12 +300,14 @@ class HttpServer::Impl {
     while (!queue.empty()) {
       auto reply = retry(queue.front().acquire, false);
       if (!reply) break;  // nothing for the first: nothing for the others either
-      outbox_.push_back({std::move(queue.front().respond), std::move(*reply)});
+      outbox_.push_back({std::move(queue.front().respond), std::move(*reply),
+                         queue.front().endpoint, queue.front().received});
       queue.pop_front();
     }
     for (auto it = queue.begin(); it != queue.end();) {
       if (it->acquire.deadline <= now) {
-        outbox_.push_back({std::move(it->respond), *retry(it->acquire, true)});
+        outbox_.push_back(
+            {std::move(it->respond), *retry(it->acquire, true), it->endpoint, it->received});
         it = queue.erase(it);
       } else {
         ++it;
@@ -250,7 +328,21 @@ class HttpServer::Impl {
   struct Outgoing {
     std::function<void(HttpReply)> respond;
     HttpReply reply;
+    std::string_view endpoint;  // a literal from Api::endpoint_of
+    std::chrono::steady_clock::time_point received;
   };
+
+ public:
+  std::atomic<int64_t> connections_{0};
+
+ private:
+  // Engine thread only.
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  Histogram request_latency_{{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                              0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+  Histogram commit_latency_{
+      {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
+  Histogram commit_batch_{{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}};
 
   Engine& engine_;
   Api api_;
@@ -285,7 +377,10 @@ class HttpServer::Impl {
 // buffer) are answered in order.
 class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, Impl& server) : stream_(std::move(socket)), server_(server) {}
+  Session(tcp::socket socket, Impl& server) : stream_(std::move(socket)), server_(server) {
+    server_.connections_ += 1;
+  }
+  ~Session() { server_.connections_ -= 1; }
 
   void start() { read(); }
 
