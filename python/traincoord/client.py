@@ -81,6 +81,10 @@ class Job:
         return False
 
 
+def _request_id() -> int:
+    return random.getrandbits(52) | 1  # nonzero; exact in JSON doubles too
+
+
 def _json_number(x: float) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None  # a non-finite loss travels as null
@@ -191,7 +195,9 @@ class Run:
         """The next job; None when the run is finished, or (wait=False) when there is no job
         right now."""
         while True:
-            reply = self._post("acquire", {"worker": self.id,
+            # One id per logical acquire; its retries (inside _request) carry the same id, so a
+            # lost reply gets the same job back instead of stranding it.
+            reply = self._post("acquire", {"worker": self.id, "request": _request_id(),
                                            "wait_ms": int(self.long_poll * 1000) if wait else 0},
                                extra=self.long_poll if wait else 0)
             job = self._take(reply)
@@ -257,7 +263,8 @@ class Run:
         self._drop(job.lease)
         body = {"worker": self.id, "lease": job.lease, **job._result}
         if next_job:
-            body.update({"next": True, "wait_ms": int(self.long_poll * 1000) if wait else 0})
+            body.update({"next": True, "wait_ms": int(self.long_poll * 1000) if wait else 0,
+                         "request": _request_id()})
         try:
             reply = self._post("complete", body, extra=self.long_poll if next_job and wait else 0)
         except CoordinatorError as e:

@@ -68,6 +68,14 @@ ClientError error_from(int status, const std::string& body) {
   return e;
 }
 
+// A fresh id for one logical acquire: its retries (inside Worker::call) carry the same id, so
+// the coordinator gives back the job a lost reply carried instead of stranding it.
+uint64_t request_id() {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                          (static_cast<uint64_t>(getpid()) << 32));
+  return (rng() >> 12) | 1;  // nonzero, and exact in JSON doubles (< 2^52)
+}
+
 std::string default_name() {
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "worker");
@@ -316,6 +324,7 @@ Result<std::optional<Job>> Worker::next() {
     j.begin_object()
         .field("worker", id_.load())
         .field("wait_ms", options_.long_poll.count())
+        .field("request", request_id())
         .end_object();
     auto reply = call("acquire", j.str(), options_.long_poll);
     if (!reply && reply.error().code == "not_found" &&
@@ -370,6 +379,7 @@ Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Compl
     j.end_object();
   }
   j.field("next", true).field("wait_ms", options_.long_poll.count());
+  j.field("request", request_id());
   j.end_object();
   auto reply = call("complete", j.str(), options_.long_poll);
   if (!reply) {

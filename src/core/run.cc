@@ -322,16 +322,21 @@ Job Run::hand_out(WorkerId worker, uint32_t slot, uint64_t position) {
   counters_.handouts += 1;
   if (job.handouts > 1) counters_.rehandouts += 1;
 
-  const uint64_t batches_per_job = plan_.batches_per_job;
+  return job_of(id);
+}
+
+Job Run::job_of(LeaseId id) const {
+  const Lease& l = leases_.at(id);
+  const Epoch& e = epochs_[l.epoch_slot];
   Job out;
   out.lease = id;
-  out.attempt = job.handouts;
-  out.deadline = deadline;
+  out.attempt = l.attempt;
+  out.deadline = l.deadline;
   out.epoch = e.plan.epoch;
   out.set = e.plan.set;
-  out.index = position;
+  out.index = l.position;
   out.jobs_in_epoch = e.plan.end_job;
-  out.positions = job_batches(e.set_batches, batches_per_job, position);
+  out.positions = job_batches(e.set_batches, plan_.batches_per_job, l.position);
   return out;
 }
 
@@ -366,7 +371,7 @@ TimeMs Run::retry_hint() const {
   return std::clamp<TimeMs>(soonest, 1, kMaxHint);
 }
 
-Result<Acquired> Run::acquire(WorkerId worker) {
+Result<Acquired> Run::acquire(WorkerId worker, uint64_t request) {
   expire_leases();
   auto w = worker_of(worker);
   if (!w) return tl::unexpected(w.error());
@@ -375,12 +380,27 @@ Result<Acquired> Run::acquire(WorkerId worker) {
     emit(EventKind::kWorkerJoined, "worker " + (*w)->name + " rejoined");
   }
   Acquired out;
+  if (request != 0 && request == (*w)->last_request && (*w)->last_request_lease != 0) {
+    auto it = leases_.find((*w)->last_request_lease);
+    if (it != leases_.end() && it->second.live && it->second.worker == worker) {
+      out.status = AcquireStatus::kJob;  // a retry: the job the first try handed out
+      out.job = job_of(it->first);
+      return out;
+    }
+  }
+  if (request != 0) {
+    (*w)->last_request = request;
+    (*w)->last_request_lease = 0;
+  }
   if (state_ != RunState::kRunning) {
     out.status = AcquireStatus::kFinished;
     out.state = state_;
     return out;
   }
-  if (take_open_job(worker, &out)) return out;
+  if (take_open_job(worker, &out)) {
+    if (request != 0) workers_[worker].last_request_lease = out.job.lease;
+    return out;
+  }
   if (state_ != RunState::kRunning) {  // opening an epoch can find the schedule exhausted
     out.status = AcquireStatus::kFinished;
     out.state = state_;
@@ -482,10 +502,11 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   return accepted;
 }
 
-Result<NextJob> Run::next_job(WorkerId worker, LeaseId lease, const Completion& completion) {
+Result<NextJob> Run::next_job(WorkerId worker, LeaseId lease, const Completion& completion,
+                              uint64_t request) {
   auto done = complete(worker, lease, completion);
   if (!done) return tl::unexpected(done.error());
-  auto next = acquire(worker);
+  auto next = acquire(worker, request);
   if (!next) return tl::unexpected(next.error());
   return NextJob{*done, *next};
 }

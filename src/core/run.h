@@ -139,7 +139,9 @@ struct WorkerInfo {
   TimeMs last_seen = 0;
   bool active = true;
   uint64_t jobs_done = 0;
-  std::vector<LeaseId> leases;  // live leases it holds
+  std::vector<LeaseId> leases;     // live leases it holds
+  uint64_t last_request = 0;       // the id of its last acquire that named one ...
+  LeaseId last_request_lease = 0;  // ... and the lease that acquire handed out (0: none)
 };
 
 struct RunCounters {
@@ -208,13 +210,16 @@ class Run {
   Result<void> leave(WorkerId worker);
 
   // Hands the worker a job, asks it to wait (nothing open now, e.g. at an epoch barrier), or
-  // says the run is finished. Fails only for an unknown worker.
-  Result<Acquired> acquire(WorkerId worker);
+  // says the run is finished. Fails only for an unknown worker. `request` (0: none) makes a
+  // retry idempotent: the same id again gives back the job the first try handed out, while
+  // its lease lives, instead of a second job (the first reply may have been lost).
+  Result<Acquired> acquire(WorkerId worker, uint64_t request = 0);
   // Reports a finished job. Fails for an unknown worker, a lease never issued (kNotFound), or
   // a lease of another worker (kConflict); a repeated or late completion is not an error.
   Result<Completed> complete(WorkerId worker, LeaseId lease, const Completion& completion);
   // complete + acquire in one call.
-  Result<NextJob> next_job(WorkerId worker, LeaseId lease, const Completion& completion);
+  Result<NextJob> next_job(WorkerId worker, LeaseId lease, const Completion& completion,
+                           uint64_t request = 0);
   // Extends the worker's live leases; returns the leases it still holds. With `only`, just the
   // leases listed there are extended: a lease whose hand-out the worker never heard of (the
   // reply was lost) is then left to expire instead of being kept alive forever.
@@ -269,6 +274,7 @@ class Run {
   Result<WorkerInfo*> worker_of(WorkerId worker);
   bool take_open_job(WorkerId worker, Acquired* out);
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
+  Job job_of(LeaseId id) const;
   bool open_next_epoch();
   void close_epoch(uint32_t epoch_slot);
   void judge_dev_epochs();

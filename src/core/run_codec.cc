@@ -9,7 +9,7 @@ namespace traincoord {
 namespace {
 
 constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;          // 2: workers' last acquire request
 
 class Writer {
  public:
@@ -191,6 +191,8 @@ std::string RunCodec::save(const Run& run) {
     w.u64(wi.jobs_done);
     w.u64(wi.leases.size());
     for (LeaseId l : wi.leases) w.u64(l);
+    w.u64(wi.last_request);
+    w.u64(wi.last_request_lease);
   }
 
   w.u64(run.last_lease_);
@@ -346,6 +348,8 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     wi.active = r.boolean();
     wi.jobs_done = r.u64();
     for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) wi.leases.push_back(r.u64());
+    wi.last_request = r.u64();
+    wi.last_request_lease = r.u64();
     run->worker_ids_.emplace(wi.name, static_cast<WorkerId>(run->workers_.size()));
     run->workers_.push_back(std::move(wi));
   }

@@ -125,6 +125,18 @@ TEST_F(RunTest, AnExpiredLeaseHandsTheJobToAnotherWorkerFirst) {
   EXPECT_EQ(run.counters().rehandouts, 1u);
 }
 
+TEST_F(RunTest, ARetriedAcquireWithTheSameRequestIdGetsTheSameJob) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w");
+  const Job first = run.acquire(w, 77)->job;
+  const Job retry = run.acquire(w, 77)->job;  // the first reply was lost
+  EXPECT_EQ(retry.lease, first.lease);
+  EXPECT_EQ(retry.index, first.index);
+  EXPECT_EQ(run.counters().handouts, 1u);
+  EXPECT_NE(run.acquire(w, 78)->job.lease, first.lease);  // a new request: a new job
+  EXPECT_NE(run.acquire(w)->job.lease, first.lease);      // no id: always a new job
+}
+
 TEST_F(RunTest, HeartbeatsKeepALeaseAlive) {
   traincoord::Run run(small_config(), clock_);
   const WorkerId w = run.join("w"), other = run.join("other");

@@ -706,7 +706,7 @@ std::string_view Api::run_of(std::string_view target) {
 std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out) {
   auto run = engine_.find(parked.run);
   if (!run) return error_reply(run.error());
-  auto a = (*run)->acquire(parked.worker);
+  auto a = (*run)->acquire(parked.worker, parked.request);
   if (!a) return error_reply(a.error());
   if (a->status == AcquireStatus::kWait && !timed_out) return std::nullopt;
   return acquired_reply(**run, parked.completed, *a, clock_.now());
@@ -901,23 +901,25 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
       return ok(j);
     }
     TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+    TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
     TC_TRY_REPLY(body.no_unknown_fields());
     TC_TRY_ASSIGN(done, complete(run, worker, lease, completion));
     completed = done;
-    TC_TRY_ASSIGN(a, run.acquire(worker));
+    TC_TRY_ASSIGN(a, run.acquire(worker, request));
     if (a.status == AcquireStatus::kWait && wait_ms > 0) {
-      return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms),
-                           completed};
+      return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms), completed,
+                           request};
     }
     return acquired_reply(run, completed, a, now);
   }
   // acquire
   TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+  TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
   TC_TRY_REPLY(body.no_unknown_fields());
-  TC_TRY_ASSIGN(a, run.acquire(worker));
+  TC_TRY_ASSIGN(a, run.acquire(worker, request));
   if (a.status == AcquireStatus::kWait && wait_ms > 0) {
     return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms),
-                         std::nullopt};
+                         std::nullopt, request};
   }
   return acquired_reply(run, std::nullopt, a, now);
 }

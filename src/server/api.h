@@ -36,6 +36,7 @@ struct ParkedAcquire {
   WorkerId worker = 0;
   TimeMs deadline = 0;
   std::optional<Completed> completed;  // when it came with a completion (complete + next)
+  uint64_t request = 0;                // the acquire's idempotency id (0: none)
 };
 
 // What the durable store wants to hear from the API, beyond the log of requests.

@@ -290,7 +290,8 @@ class HttpServer::Impl {
     auto reply = api_.retry(parked, timed_out);
     clock_.release();
     record_request(parked.run, t, "/v1/runs/" + parked.run + "/acquire",
-                   "{\"worker\":" + std::to_string(parked.worker) + "}");
+                   "{\"worker\":" + std::to_string(parked.worker) +
+                       ",\"request\":" + std::to_string(parked.request) + "}");
     return reply;
   }
 
