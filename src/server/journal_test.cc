@@ -101,7 +101,8 @@ void drive(Harness& h, uint64_t seed) {
       continue;
     }
     if (held[static_cast<size_t>(w)] == 0) {
-      auto r = h.post("/v1/runs/j/acquire", R"({"worker": )" + worker + "}");
+      auto r = h.post("/v1/runs/j/acquire", R"({"worker": )" + worker + R"(, "request": )" +
+                                                std::to_string(1 + step / 2) + "}");
       const auto at = r.body.find("\"lease\":");
       if (at != std::string::npos)
         held[static_cast<size_t>(w)] = std::stoull(r.body.substr(at + 8));
