@@ -117,6 +117,7 @@ class Worker {
   Result<std::string> call(const std::string& action, const std::string& body,
                            std::chrono::milliseconds extra_wait);
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
+  std::string completion_body(const Job& job, const Completion& completion, bool next) const;
   void heartbeat_loop();
   void hold(uint64_t lease);  // the heartbeat thread keeps these leases alive, and only these
   void drop(uint64_t lease);

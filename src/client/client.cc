@@ -339,8 +339,8 @@ Result<std::optional<Job>> Worker::next() {
   }
 }
 
-Result<Completed> Worker::complete(const Job& job, const Completion& c) {
-  drop(job.lease);
+// The body of POST .../complete; with `next`, it asks for the next job too (a fresh request id).
+std::string Worker::completion_body(const Job& job, const Completion& c, bool next) const {
   JsonWriter j;
   j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
   j.field("samples", c.samples);
@@ -349,8 +349,17 @@ Result<Completed> Worker::complete(const Job& job, const Completion& c) {
     for (const auto& [name, value] : c.metrics) j.field(name, value);
     j.end_object();
   }
+  if (next) {
+    j.field("next", true).field("wait_ms", options_.long_poll.count());
+    j.field("request", request_id());
+  }
   j.end_object();
-  auto reply = call("complete", j.str(), milliseconds(0));
+  return j.str();
+}
+
+Result<Completed> Worker::complete(const Job& job, const Completion& c) {
+  drop(job.lease);
+  auto reply = call("complete", completion_body(job, c, false), milliseconds(0));
   if (!reply) {
     if (reply.error().code == "not_found") {
       // The coordinator restarted without its state: it does not know this lease (or us).
@@ -370,18 +379,7 @@ Result<Completed> Worker::complete(const Job& job, const Completion& c) {
 
 Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Completion& c) {
   drop(job.lease);
-  JsonWriter j;
-  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
-  j.field("samples", c.samples);
-  if (!c.metrics.empty()) {
-    j.key("metrics").begin_object();
-    for (const auto& [name, value] : c.metrics) j.field(name, value);
-    j.end_object();
-  }
-  j.field("next", true).field("wait_ms", options_.long_poll.count());
-  j.field("request", request_id());
-  j.end_object();
-  auto reply = call("complete", j.str(), options_.long_poll);
+  auto reply = call("complete", completion_body(job, c, true), options_.long_poll);
   if (!reply) {
     if (reply.error().code == "not_found") {
       auto done = complete(job, c);  // registers again where needed; says "lost"

@@ -197,8 +197,7 @@ std::string RunCodec::save(const Run& run) {
 
   w.u64(run.last_lease_);
   // Live leases in deadline order first, then the expired ones.
-  w.u64(run.live_order_.size());
-  for (LeaseId id : run.live_order_) {
+  auto save_lease = [&](LeaseId id) {
     const Run::Lease& l = run.leases_.at(id);
     w.u64(id);
     w.u64(l.worker);
@@ -206,22 +205,16 @@ std::string RunCodec::save(const Run& run) {
     w.u64(l.position);
     w.u64(l.attempt);
     w.i64(l.deadline);
-  }
+  };
+  w.u64(run.live_order_.size());
+  for (LeaseId id : run.live_order_) save_lease(id);
   std::vector<LeaseId> expired;
   for (const auto& [id, l] : run.leases_) {
     if (!l.live) expired.push_back(id);
   }
   std::sort(expired.begin(), expired.end());
   w.u64(expired.size());
-  for (LeaseId id : expired) {
-    const Run::Lease& l = run.leases_.at(id);
-    w.u64(id);
-    w.u64(l.worker);
-    w.u64(l.epoch_slot);
-    w.u64(l.position);
-    w.u64(l.attempt);
-    w.i64(l.deadline);
-  }
+  for (LeaseId id : expired) save_lease(id);
   w.u64(run.history_.size());
   for (const Run::Resolved& r : run.history_) {
     w.u64(r.lease);
