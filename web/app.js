@@ -6,8 +6,14 @@ const $ = (id) => document.getElementById(id);
 const fmt = (v, d = 4) => (v === null || v === undefined ? "–" : Number(v).toFixed(d));
 const text = (s) => String(s).replace(/[&<>]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;" }[c]));
 
+// With tokens on, open the dashboard as http://HOST:PORT/#token=ADMIN_TOKEN; it is kept in this
+// browser's local storage, never in the URL sent to the server.
+const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromHash) { localStorage.setItem("traincoord-token", fromHash); history.replaceState(null, "", location.pathname + location.search); }
+const token = localStorage.getItem("traincoord-token");
+
 async function json(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const r = await fetch(path, { cache: "no-store", headers: token ? { Authorization: `Bearer ${token}` } : {} });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }

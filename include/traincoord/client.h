@@ -41,6 +41,9 @@ struct Options {
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5'000};
   bool heartbeats = true;  // extend leases from a background thread
+  // The bearer token (a run's worker token), when the coordinator needs one. Empty: taken
+  // from $TRAINCOORD_TOKEN, or read from the file $TRAINCOORD_TOKEN_FILE, if set.
+  std::string token;
 };
 
 struct ClientError {
@@ -135,9 +138,15 @@ class Worker {
 // One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or
 // the error. No retries.
 Result<std::string> get(const std::string& url, const std::string& path,
-                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000));
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
+                        const std::string& token = "");
 // One POST of a JSON body: the body of a 200 or 201, or the error. No retries.
 Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
-                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000));
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
+                         const std::string& token = "");
+
+// The token from $TRAINCOORD_TOKEN, or the first line of the file $TRAINCOORD_TOKEN_FILE; empty
+// when neither is set.
+std::string token_from_environment();
 
 }  // namespace traincoord::client

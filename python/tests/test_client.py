@@ -113,3 +113,49 @@ def test_the_client_gives_up_when_the_coordinator_is_gone(server):
     with pytest.raises(traincoord.Unreachable) as e:
         run.next_job()
     assert "giving up" in e.value.message
+
+
+def test_tokens_are_required_and_checked(tmp_path, run_config):
+    from conftest import Server
+    import json
+    import os
+    import urllib.error
+    import urllib.request
+
+    tokens = tmp_path / "tokens"
+    s = Server(["--config", str(run_config), "--in-memory", "--auth", "--token-dir", str(tokens)])
+    try:
+        admin = (tokens / "admin.token").read_text().strip()
+        worker = (tokens / "py.token").read_text().strip()
+        assert oct(os.stat(tokens / "py.token").st_mode & 0o777) == "0o600"
+        assert len(worker) == 64 and worker != admin
+
+        def status_of(path, token=None, body=None):
+            req = urllib.request.Request(s.url + path, data=body,
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+            try:
+                return urllib.request.urlopen(req, timeout=10).status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        assert status_of("/healthz") == 200
+        assert status_of("/v1/runs/py") == 401
+        assert status_of("/v1/runs/py", "wrong") == 403
+        assert status_of("/v1/runs/py", worker) == 200
+        assert status_of("/v1/runs", worker) == 403          # the list needs the admin token
+        assert status_of("/v1/runs", admin) == 200
+        assert status_of("/v1/runs/py/cancel", worker, b"{}") == 403
+        assert status_of("/metrics", admin) == 200
+        with pytest.raises(traincoord.CoordinatorError) as e:
+            traincoord.Run(s.url, "py", "anon", token="")
+        assert e.value.status == 401
+        run = traincoord.Run(s.url, "py", "w", token=worker, heartbeats=False)
+        job = run.next_job()
+        job.complete(loss=1.0, samples=1)
+        assert job.outcome == "accepted"
+        # Created through the API (admin), a run gets its worker token at once.
+        body = json.dumps({"name": "more", "data": {"train_batches": 2}}).encode()
+        assert status_of("/v1/runs", admin, body) == 201
+        assert (tokens / "more.token").exists()
+    finally:
+        s.kill()

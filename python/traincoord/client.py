@@ -81,6 +81,15 @@ class Job:
         return False
 
 
+def _token_from_environment() -> str:
+    if os.environ.get("TRAINCOORD_TOKEN"):
+        return os.environ["TRAINCOORD_TOKEN"]
+    if os.environ.get("TRAINCOORD_TOKEN_FILE"):
+        with open(os.environ["TRAINCOORD_TOKEN_FILE"]) as f:
+            return f.readline().strip()
+    return ""
+
+
 def _request_id() -> int:
     return random.getrandbits(52) | 1  # nonzero; exact in JSON doubles too
 
@@ -93,8 +102,9 @@ def _json_number(x: float) -> float | None:
 class _Connection:
     """One keep-alive HTTP connection with timeouts; reopened after any failure."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(self, host: str, port: int, timeout: float, token: str = "") -> None:
         self.host, self.port, self.timeout = host, port, timeout
+        self.token = token
         self.conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
@@ -108,6 +118,8 @@ class _Connection:
             self.conn.sock.settimeout(timeout)
             try:
                 headers = {"Content-Type": "application/json"} if data is not None else {}
+                if self.token:
+                    headers["Authorization"] = f"Bearer {self.token}"
                 self.conn.request(method, path, body=data, headers=headers)
                 response = self.conn.getresponse()
                 return response.status, response.read()
@@ -132,12 +144,14 @@ class Run:
     url: the coordinator (http://HOST:PORT); run: the run's name; worker: a stable name
     (default HOSTNAME-PID). timeout: seconds for one request; long_poll: seconds the server may
     hold an acquire while there is no job; give_up_after: seconds of failure before
-    Unreachable; heartbeats: extend leases from a background thread.
+    Unreachable; heartbeats: extend leases from a background thread; token: the run's worker
+    token when the coordinator needs one (default: $TRAINCOORD_TOKEN, or the file named by
+    $TRAINCOORD_TOKEN_FILE).
     """
 
     def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
                  long_poll: float = 20.0, give_up_after: float = 300.0,
-                 heartbeats: bool = True) -> None:
+                 heartbeats: bool = True, token: str | None = None) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
         if parsed.scheme != "http" or not parsed.port:
             raise CoordinatorError(f"url must be http://HOST:PORT, got {url!r}", field="url")
@@ -145,7 +159,8 @@ class Run:
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
         self._host, self._port = parsed.hostname, parsed.port
-        self._conn = _Connection(self._host, self._port, timeout)
+        self._token = token if token is not None else _token_from_environment()
+        self._conn = _Connection(self._host, self._port, timeout, self._token)
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._current: Job | None = None
@@ -328,7 +343,7 @@ class Run:
             backoff = min(5.0, backoff * 2)
 
     def _heartbeat_loop(self) -> None:
-        conn = _Connection(self._host, self._port, self.timeout)
+        conn = _Connection(self._host, self._port, self.timeout, self._token)
         while not self._stop.wait(self.heartbeat_interval):
             with self._lock:
                 leases = sorted(self._held)

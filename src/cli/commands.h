@@ -29,6 +29,8 @@ struct ServeArgs {
   std::string durability = "fsync";
   bool apply_config_changes = false;
   uint64_t snapshot_every = 100'000;
+  bool auth = false;      // tokens even on loopback (always on for other addresses)
+  std::string token_dir;  // empty: the data dir, or ./traincoord-tokens in memory
 };
 int serve(const ServeArgs& args);
 
@@ -49,6 +51,7 @@ struct LaunchArgs {
   std::string config;
   int max_restarts = 0;
   std::string data_dir;  // empty: in memory
+  bool auth = false;     // tokens (kept in the data dir, or ./traincoord-tokens)
   std::vector<std::string> command;
 };
 // Exit status: 0 when the run completed or stopped early and every worker exited 0; 1 when a

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "cli/commands.h"
 #include "config/config_file.h"
 #include "core/engine.h"
+#include "server/auth.h"
 #include "server/http_server.h"
 #include "server/journal.h"
 #include "server/server_clock.h"
@@ -130,6 +132,16 @@ int launch(const LaunchArgs& args) {
 
   ServerOptions options;
   options.port = 0;
+  std::optional<Auth> auth;
+  std::string token_file;
+  if (args.auth) {
+    auto opened = Auth::open(args.data_dir.empty() ? "traincoord-tokens" : args.data_dir);
+    if (!opened) return fail(opened.error().message);
+    auth = std::move(*opened);
+    if (auto t = auth->worker_token(run_name); !t) return fail(t.error().message);
+    token_file = auth->worker_token_path(run_name);
+    options.auth = &*auth;
+  }
   HttpServer server(engine, clock, store.get(), options);
   auto port = server.start();
   if (!port) return fail(port.error().message);
@@ -153,7 +165,8 @@ int launch(const LaunchArgs& args) {
                                     "WORLD_SIZE=" + std::to_string(args.workers),
                                     "LOCAL_WORLD_SIZE=" + std::to_string(args.workers),
                                     "MASTER_ADDR=127.0.0.1",
-                                    "MASTER_PORT=" + std::to_string(master_port)};
+                                    "MASTER_PORT=" + std::to_string(master_port),
+                                    "TRAINCOORD_TOKEN_FILE=" + token_file};
   };
   for (int r = 0; r < args.workers; ++r) workers[r].pid = spawn(args.command, env_of(r));
 
@@ -193,7 +206,8 @@ int launch(const LaunchArgs& args) {
     const auto now = std::chrono::steady_clock::now();
     if (now - last_print >= std::chrono::milliseconds(tty ? 500 : 5000)) {
       last_print = now;
-      if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2))) {
+      if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2),
+                                  auth ? auth->admin_token() : "")) {
         const std::string line = progress_line(*body);
         if (tty) {
           std::cerr << "\r\x1b[K" << line << std::flush;
@@ -206,7 +220,8 @@ int launch(const LaunchArgs& args) {
   if (tty) std::cerr << "\n";
 
   std::string state = "unknown", reason;
-  if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2))) {
+  if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2),
+                              auth ? auth->admin_token() : "")) {
     rapidjson::Document d;
     d.Parse(body->c_str());
     state = d["state"].GetString();

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   srv->add_flag("--apply-config-changes", serve_args.apply_config_changes,
                 "apply changed lease and early-stop settings to a started run");
+  srv->add_flag("--auth", serve_args.auth,
+                "require tokens on loopback too (always required on other addresses)");
+  srv->add_option("--token-dir", serve_args.token_dir,
+                  "where admin.token and RUN.token live (default: the data dir)");
   srv->add_option("--snapshot-every", serve_args.snapshot_every,
                   "log records of a run between snapshots (bounds restart time)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   lch->add_option("--data-dir", launch_args.data_dir,
                   "keep the run's state there (default: in memory)");
+  lch->add_flag("--auth", launch_args.auth,
+                "require tokens; workers get theirs through $TRAINCOORD_TOKEN_FILE");
   lch->add_option("command", launch_args.command, "the worker command, after --");
   lch->allow_extras(false);
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "core/run_codec.h"
+#include "server/auth.h"
 #include "server/http_server.h"
 #include "server/journal.h"
 #include "server/server_clock.h"
@@ -164,6 +166,25 @@ int serve(const ServeArgs& args) {
   }
   if (store) {
     if (auto r = store->commit(engine); !r) return fail(r.error().message);
+  }
+
+  // Tokens: always off loopback; on loopback when asked (--auth).
+  const bool loopback =
+      options.host == "localhost" || options.host == "::1" || options.host.rfind("127.", 0) == 0;
+  std::optional<Auth> auth;
+  if (args.auth || !loopback) {
+    const std::string dir = !args.token_dir.empty() ? args.token_dir
+                            : store ? std::filesystem::path(store->path()).parent_path().string()
+                                    : std::string("traincoord-tokens");
+    auto opened = Auth::open(dir);
+    if (!opened) return fail(opened.error().message);
+    auth = std::move(*opened);
+    for (const Run* run : engine.runs()) {
+      if (auto t = auth->worker_token(run->config().name); !t) return fail(t.error().message);
+    }
+    options.auth = &*auth;
+    std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
+              << ", each run's worker token in " << dir << "/RUN.token (mode 0600)\n";
   }
 
   // Said before start(): from then on only the server's engine thread touches the engine.

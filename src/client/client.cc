@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -88,8 +90,11 @@ std::string default_name() {
 // for at most its timeout, so a call never blocks longer than asked.
 class Connection {
  public:
-  explicit Connection(Endpoint endpoint, milliseconds connect_timeout)
-      : endpoint_(std::move(endpoint)), connect_timeout_(connect_timeout), stream_(io_) {}
+  Connection(Endpoint endpoint, milliseconds connect_timeout, std::string token = "")
+      : endpoint_(std::move(endpoint)),
+        connect_timeout_(connect_timeout),
+        token_(std::move(token)),
+        stream_(io_) {}
 
   struct Response {
     int status = 0;
@@ -105,6 +110,7 @@ class Connection {
     http::request<http::string_body> req{method, target, 11};
     req.set(http::field::host, endpoint_.host);
     req.set(http::field::user_agent, "traincoord-client");
+    if (!token_.empty()) req.set(http::field::authorization, "Bearer " + token_);
     if (method == http::verb::post) {
       req.set(http::field::content_type, "application/json");
       req.body() = body;
@@ -167,6 +173,7 @@ class Connection {
 
   Endpoint endpoint_;
   milliseconds connect_timeout_;
+  std::string token_;
   asio::io_context io_;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
@@ -214,8 +221,10 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
     return tl::unexpected(ClientError{0, "invalid_argument", "Options::run is empty", "run"});
   }
   if (options.worker_name.empty()) options.worker_name = default_name();
+  if (options.token.empty()) options.token = token_from_environment();
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
-  w->connection_ = std::make_unique<Connection>(*endpoint, w->options_.connect_timeout);
+  w->connection_ =
+      std::make_unique<Connection>(*endpoint, w->options_.connect_timeout, w->options_.token);
   if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
   if (w->options_.heartbeats) {
     w->heartbeats_ = std::make_unique<Heartbeats>();
@@ -414,7 +423,7 @@ Result<void> Worker::leave() {
 // Heartbeats go over their own connection, so they are never stuck behind a long poll.
 void Worker::heartbeat_loop() {
   auto endpoint = parse_url(options_.url);
-  Connection connection(*endpoint, options_.connect_timeout);
+  Connection connection(*endpoint, options_.connect_timeout, options_.token);
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
   while (
@@ -434,10 +443,10 @@ void Worker::heartbeat_loop() {
 namespace {
 
 Result<std::string> once(http::verb method, const std::string& url, const std::string& path,
-                         const std::string& body, milliseconds timeout) {
+                         const std::string& body, milliseconds timeout, const std::string& token) {
   auto endpoint = parse_url(url);
   if (!endpoint) return tl::unexpected(endpoint.error());
-  Connection connection(*endpoint, timeout);
+  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token);
   auto res = connection.request(method, path, body, timeout);
   if (!res) return tl::unexpected(res.error());
   if (res->status != 200 && res->status != 201) {
@@ -448,13 +457,26 @@ Result<std::string> once(http::verb method, const std::string& url, const std::s
 
 }  // namespace
 
-Result<std::string> get(const std::string& url, const std::string& path, milliseconds timeout) {
-  return once(http::verb::get, url, path, "", timeout);
+Result<std::string> get(const std::string& url, const std::string& path, milliseconds timeout,
+                        const std::string& token) {
+  return once(http::verb::get, url, path, "", timeout, token);
 }
 
 Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
-                         milliseconds timeout) {
-  return once(http::verb::post, url, path, body, timeout);
+                         milliseconds timeout, const std::string& token) {
+  return once(http::verb::post, url, path, body, timeout, token);
+}
+
+std::string token_from_environment() {
+  if (const char* t = std::getenv("TRAINCOORD_TOKEN"); t && *t) return t;
+  if (const char* f = std::getenv("TRAINCOORD_TOKEN_FILE"); f && *f) {
+    std::ifstream in(f);
+    std::string token;
+    std::getline(in, token);
+    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    return token;
+  }
+  return "";
 }
 
 }  // namespace traincoord::client

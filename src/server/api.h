@@ -20,6 +20,7 @@ struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string target;  // path and query, e.g. "/v1/runs/a/acquire"
   std::string body;
+  std::string authorization;  // the Authorization header, if any (checked by the server)
 };
 
 struct HttpReply {

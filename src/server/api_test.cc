@@ -213,3 +213,46 @@ TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
 
 }  // namespace
 }  // namespace traincoord
+
+#include <filesystem>
+
+#include "server/auth.h"
+
+namespace traincoord {
+namespace {
+
+TEST(Auth, TokensGateEachEndpointByRole) {
+  char pattern[] = "/tmp/traincoord-auth-XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  auto auth = Auth::open(dir + "/tokens");
+  ASSERT_TRUE(auth) << auth.error().message;
+  const std::string worker = *auth->worker_token("r");
+  const std::string admin = auth->admin_token();
+  auto status = [&](const char* method, const char* target, const std::string& token) {
+    auto r = auth->check(method, target, token.empty() ? "" : "Bearer " + token);
+    return r ? r->status : 200;
+  };
+  EXPECT_EQ(status("GET", "/healthz", ""), 200);
+  EXPECT_EQ(status("GET", "/", ""), 200);
+  EXPECT_EQ(status("POST", "/v1/runs/r/acquire", ""), 401);
+  EXPECT_EQ(status("POST", "/v1/runs/r/acquire", "nope"), 403);
+  EXPECT_EQ(status("POST", "/v1/runs/r/acquire", worker), 200);
+  EXPECT_EQ(status("POST", "/v1/runs/other/acquire", worker), 403);
+  EXPECT_EQ(status("POST", "/v1/runs/r/cancel", worker), 403);
+  EXPECT_EQ(status("POST", "/v1/runs/r/cancel", admin), 200);
+  EXPECT_EQ(status("POST", "/v1/runs", worker), 403);
+  EXPECT_EQ(status("GET", "/metrics", admin), 200);
+  EXPECT_EQ(status("POST", "/v1/runs/unknown/acquire", "x"), 403);  // no token made for it
+  EXPECT_FALSE(std::filesystem::exists(dir + "/tokens/unknown.token"));
+  EXPECT_TRUE(equal_in_constant_time("abc", "abc"));
+  EXPECT_FALSE(equal_in_constant_time("abc", "abd"));
+  EXPECT_FALSE(equal_in_constant_time("abc", "ab"));
+  // The same directory gives the same tokens back.
+  auto again = Auth::open(dir + "/tokens");
+  EXPECT_EQ(again->admin_token(), admin);
+  EXPECT_EQ(*again->worker_token("r"), worker);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace traincoord

@@ -200,6 +200,15 @@ class HttpServer::Impl {
       for (Call& call : batch) {
         const std::string_view endpoint =
             Api::endpoint_of(call.request.method, call.request.target);
+        if (options_.auth) {
+          // Refused before anything happens: nothing to log, nothing changed.
+          if (auto refused = options_.auth->check(call.request.method, call.request.target,
+                                                  call.request.authorization)) {
+            outbox_.push_back(
+                {std::move(call.respond), std::move(*refused), endpoint, call.received});
+            continue;
+          }
+        }
         if (call.request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
           outbox_.push_back(
               {std::move(call.respond), serve_get(call.request), endpoint, call.received});
@@ -214,6 +223,10 @@ class HttpServer::Impl {
           touched.emplace_back(run);
         }
         if (auto* reply = std::get_if<HttpReply>(&result)) {
+          if (options_.auth && endpoint == "create_run" && reply->status == 201) {
+            for (const Run* run : engine_.runs())
+              (void)options_.auth->worker_token(run->config().name);
+          }
           outbox_.push_back({std::move(call.respond), std::move(*reply), endpoint, call.received});
         } else {
           auto& acquire = std::get<ParkedAcquire>(result);
@@ -428,6 +441,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     call.request.method = std::string(req.method_string());
     call.request.target = std::string(req.target());
     call.request.body = std::move(req.body());
+    call.request.authorization = std::string(req[http::field::authorization]);
     call.respond = [self = shared_from_this()](HttpReply reply) {
       asio::post(self->stream_.get_executor(),
                  [self, reply = std::move(reply)]() mutable { self->write(std::move(reply)); });
@@ -448,6 +462,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     response_.set(http::field::server, "traincoord");
     response_.set(http::field::content_type, reply.content_type);
     if (!reply.allow.empty()) response_.set(http::field::allow, reply.allow);
+    if (reply.status == 401) response_.set(http::field::www_authenticate, "Bearer");
     response_.keep_alive(keep_alive_);
     response_.body() = std::move(reply.body);
     response_.prepare_payload();

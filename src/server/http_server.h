@@ -13,6 +13,7 @@
 #include "core/engine.h"
 #include "core/error.h"
 #include "server/api.h"
+#include "server/auth.h"
 #include "server/server_clock.h"
 #include "store/store.h"
 
@@ -25,6 +26,7 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 << 10;
   int idle_timeout_s = 600;  // a connection with no request for this long is closed
+  Auth* auth = nullptr;      // null: no tokens needed (loopback demos); else checked first
 };
 
 class HttpServer {
