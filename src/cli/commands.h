@@ -29,7 +29,12 @@ struct ServeArgs {
   std::string durability = "fsync";
   bool apply_config_changes = false;
   uint64_t snapshot_every = 100'000;
-  bool auth = false;      // tokens even on loopback (always on for other addresses)
+  bool auth = false;  // tokens even on loopback (always on for other addresses)
+  size_t max_connections = 20'000;
+  size_t max_runs = 1000;
+  size_t max_workers_per_run = 100'000;
+  int read_timeout_s = 30;
+  int idle_timeout_s = 600;
   std::string token_dir;  // empty: the data dir, or ./traincoord-tokens in memory
 };
 int serve(const ServeArgs& args);

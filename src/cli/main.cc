@@ -50,6 +50,24 @@ int main(int argc, char** argv) {
                 "require tokens on loopback too (always required on other addresses)");
   srv->add_option("--token-dir", serve_args.token_dir,
                   "where admin.token and RUN.token live (default: the data dir)");
+  srv->add_option("--max-connections", serve_args.max_connections,
+                  "client connections held at once; more are closed")
+      ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
+      ->capture_default_str();
+  srv->add_option("--max-runs", serve_args.max_runs, "runs one coordinator holds")
+      ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
+      ->capture_default_str();
+  srv->add_option("--max-workers-per-run", serve_args.max_workers_per_run, "workers of one run")
+      ->check(CLI::Range(size_t{1}, size_t{10'000'000}))
+      ->capture_default_str();
+  srv->add_option("--read-timeout", serve_args.read_timeout_s,
+                  "seconds a request may take to arrive once it has begun")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  srv->add_option("--idle-timeout", serve_args.idle_timeout_s,
+                  "seconds a connection may wait between requests")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   srv->add_option("--snapshot-every", serve_args.snapshot_every,
                   "log records of a run between snapshots (bounds restart time)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))

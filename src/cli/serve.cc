@@ -123,6 +123,11 @@ int serve(const ServeArgs& args) {
     return fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")");
   }
   options.io_threads = args.io_threads;
+  options.max_connections = args.max_connections;
+  options.read_timeout_s = args.read_timeout_s;
+  options.idle_timeout_s = args.idle_timeout_s;
+  options.limits.max_runs = args.max_runs;
+  options.limits.max_workers_per_run = args.max_workers_per_run;
 
   ServerClock clock;
   Engine engine(clock);

@@ -56,7 +56,7 @@ Result<void> convert(const rapidjson::Value& in, const std::string& prefix, int 
 
 Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view source) {
   rapidjson::Document doc;
-  doc.Parse(json.data(), json.size());
+  doc.Parse<rapidjson::kParseIterativeFlag>(json.data(), json.size());  // no recursion
   if (doc.HasParseError()) {
     return invalid_argument("", std::string(source) + ": invalid JSON at offset " +
                                     std::to_string(doc.GetErrorOffset()) + ": " +

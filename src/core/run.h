@@ -204,6 +204,8 @@ class Run {
   const std::string& state_reason() const { return state_reason_; }
   bool finished() const { return state_ != RunState::kRunning; }
 
+  // Whether a worker of that name has joined (now or before).
+  bool has_worker(std::string_view name) const { return worker_ids_.count(std::string(name)) != 0; }
   // A worker joins (or rejoins) under a stable name; the same name gives the same id.
   WorkerId join(std::string_view name);
   // The worker leaves: its live leases are given back at once (not counted as failures).

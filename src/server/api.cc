@@ -42,7 +42,8 @@ class Body {
       return b;
     }
     // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
-    b.doc_.Parse<rapidjson::kParseNanAndInfFlag>(text.data(), text.size());
+    b.doc_.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(text.data(),
+                                                                                  text.size());
     if (b.doc_.HasParseError()) {
       return invalid_argument(
           "", "the body is not valid JSON: " +
@@ -736,6 +737,11 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
       return ok(j);
     }
     if (m == "POST") {
+      if (engine_.runs().size() >= limits_.max_runs) {
+        return error_reply(409, "limit",
+                           "this coordinator holds " + std::to_string(limits_.max_runs) +
+                               " runs, its limit (--max-runs)");
+      }
       auto config = parse_run_config_json(req.body, "run config");
       if (!config) return error_reply(config.error());
       auto run = engine_.create_run(std::move(*config));
@@ -810,6 +816,12 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     TC_TRY_ASSIGN(name, body.string("name", std::nullopt, 128));
     TC_TRY_REPLY(body.no_unknown_fields());
     if (name.empty()) return error_reply(400, "invalid_argument", "name must not be empty", "name");
+    if (!run.has_worker(name) && run.workers().size() >= limits_.max_workers_per_run) {
+      return error_reply(409, "limit",
+                         "run " + run.config().name + " has " +
+                             std::to_string(limits_.max_workers_per_run) +
+                             " workers, its limit (--max-workers-per-run)");
+    }
     const WorkerId id = run.join(name);
     JsonWriter j;
     j.begin_object();

@@ -52,13 +52,20 @@ class ApiObserver {
                                    TimeMs now) = 0;
 };
 
+// Limits on what clients may make the coordinator hold (docs/SECURITY.md).
+struct ApiLimits {
+  size_t max_runs = 1000;
+  size_t max_workers_per_run = 100'000;
+};
+
 class Api {
  public:
   // The longest a client may ask an acquire to wait.
   static constexpr TimeMs kMaxWaitMs = 60'000;
 
   // REQUIRES: `engine` and `clock` outlive the Api; `clock` is the engine's clock.
-  Api(Engine& engine, const Clock& clock) : engine_(engine), clock_(clock) {}
+  Api(Engine& engine, const Clock& clock, ApiLimits limits = {})
+      : engine_(engine), clock_(clock), limits_(limits) {}
 
   // Handles one request: a reply, or an acquire to park.
   std::variant<HttpReply, ParkedAcquire> handle(const HttpRequest& request);
@@ -94,6 +101,7 @@ class Api {
   Engine& engine_;
   const Clock& clock_;
   ApiObserver* observer_ = nullptr;
+  ApiLimits limits_;
 };
 
 // The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.

@@ -46,7 +46,7 @@ class HttpServer::Impl {
  public:
   Impl(Engine& engine, ServerClock& clock, Store* store, ServerOptions options)
       : engine_(engine),
-        api_(engine, clock),
+        api_(engine, clock, options.limits),
         clock_(clock),
         store_(store),
         observer_(store ? std::make_unique<StoreObserver>(*store) : nullptr),
@@ -399,11 +399,30 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
   void start() { read(); }
 
  private:
+  // Waits (up to the idle timeout) for a request's first byte, then gives the whole request
+  // the read timeout: a client that trickles bytes (slowloris) cannot hold the connection.
   void read() {
+    if (buffer_.size() > 0) {
+      read_request();
+      return;
+    }
+    stream_.expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) {
+                                self->close();
+                                return;
+                              }
+                              self->buffer_.commit(n);
+                              self->read_request();
+                            });
+  }
+
+  void read_request() {
     parser_.emplace();
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
-    stream_.expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
+    stream_.expires_after(std::chrono::seconds(server_.options().read_timeout_s));
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -495,8 +514,12 @@ void HttpServer::Impl::do_accept() {
   acceptor_->async_accept(io, [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_->is_open()) return;
     if (!ec) {
-      socket.set_option(tcp::no_delay(true), ec);
-      std::make_shared<Session>(std::move(socket), *this)->start();
+      if (static_cast<size_t>(connections_.load()) >= options_.max_connections) {
+        socket.close(ec);  // over --max-connections: refused at once, costs nothing
+      } else {
+        socket.set_option(tcp::no_delay(true), ec);
+        std::make_shared<Session>(std::move(socket), *this)->start();
+      }
     }
     do_accept();
   });

@@ -25,8 +25,11 @@ struct ServerOptions {
   int io_threads = 1;
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 << 10;
-  int idle_timeout_s = 600;  // a connection with no request for this long is closed
-  Auth* auth = nullptr;      // null: no tokens needed (loopback demos); else checked first
+  int idle_timeout_s = 600;         // a connection with no request for this long is closed
+  int read_timeout_s = 30;          // a request must arrive whole this long after its first byte
+  size_t max_connections = 20'000;  // more are closed at once
+  ApiLimits limits;
+  Auth* auth = nullptr;  // null: no tokens needed (loopback demos); else checked first
 };
 
 class HttpServer {

@@ -4,11 +4,11 @@
 
 #include <rapidjson/document.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -469,7 +469,8 @@ std::pair<int, std::string> serve_once(const std::vector<std::string>& args) {
   std::string command = std::string(TRAINCOORD_BIN) + " serve";
   for (const std::string& a : args) command += " '" + a + "'";
   int status = -1;
-  const std::string out = run_command(command + " --listen 127.0.0.1:0 2>&1 & sleep 1; kill $! 2>/dev/null; wait $!", &status);
+  const std::string out = run_command(
+      command + " --listen 127.0.0.1:0 2>&1 & sleep 1; kill $! 2>/dev/null; wait $!", &status);
   return {status, out};
 }
 
@@ -509,8 +510,8 @@ TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
   auto [status, out] = serve_once({"--config", file, "--data-dir", data_});
   EXPECT_EQ(status, 2) << out;
   EXPECT_NE(out.find("leases.timeout"), std::string::npos) << out;
-  auto server = ServerProcess::start(
-      {"--config", file, "--data-dir", data_, "--apply-config-changes"});
+  auto server =
+      ServerProcess::start({"--config", file, "--data-dir", data_, "--apply-config-changes"});
   ASSERT_NE(server, nullptr);
   auto body = client::get(server->url(), "/v1/runs/e2e");
   ASSERT_TRUE(body);
@@ -521,8 +522,8 @@ TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
 
 TEST_F(Durability, InspectShowsARunWithoutAServer) {
   int status = -1;
-  const std::string out = run_command(
-      std::string(TRAINCOORD_BIN) + " inspect --data-dir " + data_ + " 2>&1", &status);
+  const std::string out =
+      run_command(std::string(TRAINCOORD_BIN) + " inspect --data-dir " + data_ + " 2>&1", &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("run e2e: running"), std::string::npos) << out;
   EXPECT_NE(out.find("1 running"), std::string::npos) << out;
@@ -545,6 +546,74 @@ TEST_F(Durability, ACorruptDatabaseIsRefusedAndLeftAsItWas) {
   EXPECT_EQ(status, 2) << out;
   EXPECT_NE(out.find("did not change it"), std::string::npos) << out;
   EXPECT_EQ(std::filesystem::file_size(db), size);
+}
+
+}  // namespace
+}  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+using testing::server_closes;
+
+class Limits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = dir_.write("run.toml", kRun);
+    server_ = ServerProcess::start({"--config", config_, "--in-memory", "--max-connections", "3",
+                                    "--read-timeout", "1", "--max-runs", "1",
+                                    "--max-workers-per-run", "2"});
+    ASSERT_NE(server_, nullptr);
+  }
+  TempDir dir_;
+  std::string config_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(Limits, ASlowlorisClientIsCutOffAfterTheReadTimeout) {
+  // Half a request, then nothing: the server closes the connection (read timeout 1 s; we wait
+  // up to 10 s for it).
+  EXPECT_TRUE(server_closes(server_->port(), "POST /v1/runs/e2e/acquire HTTP/1.1\r\nHo", 10000));
+  EXPECT_TRUE(client::get(server_->url(), "/healthz"));
+}
+
+TEST_F(Limits, ConnectionsBeyondTheLimitAreClosed) {
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    int fd = -1;
+    ASSERT_FALSE(server_closes(server_->port(), "", 300, &fd)) << "connection " << i;
+    held.push_back(fd);
+  }
+  EXPECT_TRUE(server_closes(server_->port(), "", 5000));  // the fourth
+  for (int fd : held) close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(client::get(server_->url(), "/healthz"));  // room again
+}
+
+TEST_F(Limits, RunsAndWorkersPerRunAreCapped) {
+  auto more =
+      client::post(server_->url(), "/v1/runs", R"({"name": "x", "data": {"train_batches": 1}})");
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().http_status, 409);
+  EXPECT_NE(more.error().message.find("--max-runs"), std::string::npos);
+  EXPECT_TRUE(client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "a"})"));
+  EXPECT_TRUE(client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "b"})"));
+  auto third = client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "c"})");
+  ASSERT_FALSE(third);
+  EXPECT_EQ(third.error().http_status, 409);
+  EXPECT_TRUE(
+      client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "a"})"));  // a rejoin
+}
+
+TEST_F(Limits, DeeplyNestedJsonIsRefusedWithoutCrashing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto r = client::post(server_->url(), "/v1/runs/e2e/acquire", deep);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().http_status, 400);
+  auto config = client::post(server_->url(), "/v1/runs", "{\"a\":" + std::string(50000, '[') + "}");
+  ASSERT_FALSE(config);
+  EXPECT_LT(config.error().http_status, 500);
+  EXPECT_TRUE(client::get(server_->url(), "/healthz"));
 }
 
 }  // namespace

@@ -168,3 +168,40 @@ inline std::string run_command(const std::string& command, int* status = nullptr
 }
 
 }  // namespace traincoord::testing
+
+namespace traincoord::testing {
+
+// Opens a connection to 127.0.0.1:port, sends `bytes`, and returns true when the server closes
+// it within `within_ms` (reading and dropping whatever it answers).
+inline bool server_closes(uint16_t port, const std::string& bytes, int within_ms,
+                          int* fd_out = nullptr) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return true;
+  }
+  if (!bytes.empty()) send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(within_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      close(fd);
+      return true;
+    }
+  }
+  if (fd_out) {
+    *fd_out = fd;
+  } else {
+    close(fd);
+  }
+  return false;
+}
+
+}  // namespace traincoord::testing
