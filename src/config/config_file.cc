@@ -34,8 +34,11 @@ class TableReader {
 
   Result<void> integer(std::string_view key, int64_t min, int64_t max, int64_t* out) {
     if (!has(key)) return {};
+    // is_integer() first: value<int64_t>() of a float converts it, out of range too (found by
+    // fuzz/fuzz_config.cc: 1e110 as train_batches was undefined behaviour).
+    if (!(*table_)[key].is_integer()) return bad(key, "must be an integer");
     auto v = (*table_)[key].value<int64_t>();
-    if (!v || !(*table_)[key].is_integer()) return bad(key, "must be an integer");
+    if (!v) return bad(key, "must be an integer");
     if (*v < min || *v > max) {
       return bad(key, "must be between " + std::to_string(min) + " and " + std::to_string(max));
     }

@@ -173,3 +173,16 @@ TEST(ConfigJson, RefusesWhatTomlRefusesNamingTheField) {
 
 }  // namespace
 }  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+TEST(ConfigJson, AHugeFloatWhereAnIntegerGoesIsAnErrorNotAConversion) {
+  auto c = parse_run_config_json(R"({"name": "j", "data": {"train_batches": 1e110}})", "request");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().field, "data.train_batches");
+  EXPECT_NE(c.error().message.find("integer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traincoord
