@@ -5,8 +5,7 @@
 #include <random>
 #include <sstream>
 
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
+#include "json/json_writer.h"
 
 #include "core/clock.h"
 
@@ -187,137 +186,57 @@ void print_report(const SimulationResult& r, const SimulationOptions& o, std::os
 }
 
 std::string trace_json(const SimulationResult& r, const SimulationOptions& o) {
-  rapidjson::StringBuffer buf;
-  rapidjson::Writer<rapidjson::StringBuffer> w(buf);
-  auto str = [&](std::string_view s) {
-    w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
-  };
-  auto num = [&](double v) {
-    if (std::isfinite(v)) {
-      w.Double(v);
+  JsonWriter w;
+  auto optional = [&](const std::optional<int64_t>& v) {
+    if (v) {
+      w.value(*v);
     } else {
-      w.Null();  // JSON has no NaN: a non-finite loss is written as null
+      w.null();
     }
   };
   const Plan& p = r.plan;
-  w.StartObject();
-  str("run");
-  str(r.config.name);
-  str("workers");
-  w.Int(o.workers);
-  str("order");
-  str(order_name(o.order));
-  str("plan");
-  w.StartObject();
-  str("batches_per_job");
-  w.Uint64(p.batches_per_job);
-  str("batches_per_step");
-  w.Uint64(p.batches_per_step);
-  str("steps_per_epoch");
-  w.Uint64(p.steps_per_epoch);
-  str("start_epoch");
-  w.Int64(p.start_epoch);
-  str("jobs_trained");
-  w.Uint64(p.jobs_trained);
-  str("target_epoch");
-  w.Int64(p.target_epoch);
-  str("train_jobs_per_epoch");
-  w.Uint64(p.train_jobs_per_epoch);
-  str("dev_jobs_per_epoch");
-  w.Uint64(p.dev_jobs_per_epoch);
-  str("planned_jobs");
-  w.Uint64(r.planned_jobs);
-  w.EndObject();
-  str("handouts");
-  w.StartArray();
+  w.begin_object();
+  w.field("run", r.config.name).field("workers", o.workers).field("order", order_name(o.order));
+  w.key("plan").begin_object();
+  w.field("batches_per_job", p.batches_per_job).field("batches_per_step", p.batches_per_step);
+  w.field("steps_per_epoch", p.steps_per_epoch).field("start_epoch", p.start_epoch);
+  w.field("jobs_trained", p.jobs_trained).field("target_epoch", p.target_epoch);
+  w.field("train_jobs_per_epoch", p.train_jobs_per_epoch);
+  w.field("dev_jobs_per_epoch", p.dev_jobs_per_epoch).field("planned_jobs", r.planned_jobs);
+  w.end_object();
+  w.key("handouts").begin_array();
   for (const Handout& h : r.handouts) {
-    w.StartObject();
-    str("step");
-    w.Uint64(h.step);
-    str("worker");
-    str(h.worker);
-    str("lease");
-    w.Uint64(h.job.lease);
-    str("set");
-    str(set_name(h.job.set));
-    str("epoch");
-    w.Int64(h.job.epoch);
-    str("job");
-    w.Uint64(h.job.index);
-    str("jobs_in_epoch");
-    w.Uint64(h.job.jobs_in_epoch);
-    str("batches");
-    w.StartArray();
-    for (uint64_t b : h.batches) w.Uint64(b);
-    w.EndArray();
-    w.EndObject();
+    w.begin_object().field("step", h.step).field("worker", h.worker).field("lease", h.job.lease);
+    w.field("set", set_name(h.job.set)).field("epoch", h.job.epoch).field("job", h.job.index);
+    w.field("jobs_in_epoch", h.job.jobs_in_epoch).key("batches").begin_array();
+    for (uint64_t b : h.batches) w.value(b);
+    w.end_array().end_object();
   }
-  w.EndArray();
-  str("epochs");
-  w.StartArray();
+  w.end_array();
+  w.key("epochs").begin_array();
   for (const Epoch& e : r.epochs) {
-    w.StartObject();
-    str("set");
-    str(set_name(e.plan.set));
-    str("epoch");
-    w.Int64(e.plan.epoch);
-    str("first_job");
-    w.Uint64(e.plan.first_job);
-    str("end_job");
-    w.Uint64(e.plan.end_job);
-    str("done");
-    w.Uint64(e.done);
-    str("closed");
-    w.Bool(e.closed());
-    str("loss");
-    if (e.closed()) {
-      num(e.loss);
-    } else {
-      w.Null();
-    }
-    str("nonfinite_jobs");
-    w.Uint64(e.nonfinite_jobs);
-    w.EndObject();
+    w.begin_object().field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
+    w.field("first_job", e.plan.first_job).field("end_job", e.plan.end_job);
+    w.field("done", e.done).field("closed", e.closed()).key("loss");
+    w.value(e.closed() ? e.loss : std::nan(""));  // null when not closed or not finite
+    w.field("nonfinite_jobs", e.nonfinite_jobs).end_object();
   }
-  w.EndArray();
-  str("events");
-  w.StartArray();
+  w.end_array();
+  w.key("events").begin_array();
   for (const Event& e : r.events) {
-    w.StartObject();
-    str("seq");
-    w.Uint64(e.seq);
-    str("kind");
-    str(event_kind_name(e.kind));
-    str("text");
-    str(e.text);
-    w.EndObject();
+    w.begin_object().field("seq", e.seq).field("kind", event_kind_name(e.kind));
+    w.field("text", e.text).end_object();
   }
-  w.EndArray();
-  str("result");
-  w.StartObject();
-  str("state");
-  str(run_state_name(r.state));
-  str("reason");
-  str(r.reason);
-  str("early_stopped");
-  w.Bool(r.early_stop.stopped);
-  str("stopped_at_epoch");
-  if (r.early_stop.stopped_at_epoch) {
-    w.Int64(*r.early_stop.stopped_at_epoch);
-  } else {
-    w.Null();
-  }
-  str("best_epoch");
-  if (r.early_stop.best_epoch) {
-    w.Int64(*r.early_stop.best_epoch);
-  } else {
-    w.Null();
-  }
-  str("best_value");
-  num(r.early_stop.best_value);
-  w.EndObject();
-  w.EndObject();
-  return std::string(buf.GetString(), buf.GetSize()) + "\n";
+  w.end_array();
+  w.key("result").begin_object();
+  w.field("state", run_state_name(r.state)).field("reason", r.reason);
+  w.field("early_stopped", r.early_stop.stopped).key("stopped_at_epoch");
+  optional(r.early_stop.stopped_at_epoch);
+  w.key("best_epoch");
+  optional(r.early_stop.best_epoch);
+  w.field("best_value", r.early_stop.best_value);
+  w.end_object().end_object();
+  return w.str() + "\n";
 }
 
 }  // namespace traincoord
