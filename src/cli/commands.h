@@ -31,6 +31,7 @@ struct ServeArgs {
   uint64_t snapshot_every = 100'000;
   bool auth = false;  // tokens even on loopback (always on for other addresses)
   size_t max_connections = 20'000;
+  uint64_t max_requests_per_connection = 1'000'000;
   size_t max_runs = 1000;
   size_t max_workers_per_run = 100'000;
   int read_timeout_s = 30;

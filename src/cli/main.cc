@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
                   "client connections held at once; more are closed")
       ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
       ->capture_default_str();
+  srv->add_option("--max-requests-per-connection", serve_args.max_requests_per_connection,
+                  "requests on one connection before the server closes it")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}))
+      ->capture_default_str();
   srv->add_option("--max-runs", serve_args.max_runs, "runs one coordinator holds")
       ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
       ->capture_default_str();

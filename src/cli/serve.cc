@@ -124,6 +124,7 @@ int serve(const ServeArgs& args) {
   }
   options.io_threads = args.io_threads;
   options.max_connections = args.max_connections;
+  options.max_requests_per_connection = args.max_requests_per_connection;
   options.read_timeout_s = args.read_timeout_s;
   options.idle_timeout_s = args.idle_timeout_s;
   options.limits.max_runs = args.max_runs;

@@ -450,7 +450,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     http::request<http::string_body> req = parser_->release();
-    keep_alive_ = req.keep_alive();
+    keep_alive_ = req.keep_alive() && ++requests_ < server_.options().max_requests_per_connection;
     const bool has_body = req.has_content_length() || req.chunked();
     if (req.method() == http::verb::post && !has_body) {
       write(error_reply(411, "length_required", "a POST needs a Content-Length header"));
@@ -507,6 +507,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> response_;
   bool keep_alive_ = true;
+  uint64_t requests_ = 0;
 };
 
 void HttpServer::Impl::do_accept() {

@@ -28,6 +28,7 @@ struct ServerOptions {
   int idle_timeout_s = 600;         // a connection with no request for this long is closed
   int read_timeout_s = 30;          // a request must arrive whole this long after its first byte
   size_t max_connections = 20'000;  // more are closed at once
+  uint64_t max_requests_per_connection = 1'000'000;  // then the reply says Connection: close
   ApiLimits limits;
   Auth* auth = nullptr;  // null: no tokens needed (loopback demos); else checked first
 };

@@ -560,9 +560,9 @@ class Limits : public ::testing::Test {
  protected:
   void SetUp() override {
     config_ = dir_.write("run.toml", kRun);
-    server_ = ServerProcess::start({"--config", config_, "--in-memory", "--max-connections", "3",
-                                    "--read-timeout", "1", "--max-runs", "1",
-                                    "--max-workers-per-run", "2"});
+    server_ = ServerProcess::start(
+        {"--config", config_, "--in-memory", "--max-connections", "3", "--read-timeout", "1",
+         "--max-runs", "1", "--max-workers-per-run", "2", "--max-requests-per-connection", "2"});
     ASSERT_NE(server_, nullptr);
   }
   TempDir dir_;
@@ -588,6 +588,18 @@ TEST_F(Limits, ConnectionsBeyondTheLimitAreClosed) {
   for (int fd : held) close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_TRUE(client::get(server_->url(), "/healthz"));  // room again
+}
+
+TEST_F(Limits, AConnectionIsClosedAfterItsRequestLimit) {
+  const std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string replies = raw_exchange(server_->port(), get + get + get, 2000);
+  size_t count = 0;
+  for (size_t at = replies.find("HTTP/1.1 200"); at != std::string::npos;
+       at = replies.find("HTTP/1.1 200", at + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 2u) << replies;  // the second reply says Connection: close, then it closes
+  EXPECT_NE(replies.find("Connection: close"), std::string::npos) << replies;
 }
 
 TEST_F(Limits, RunsAndWorkersPerRunAreCapped) {
