@@ -174,6 +174,10 @@ void Run::close_epoch(uint32_t slot) {
     e.loss = e.plain_loss / static_cast<double>(e.finite_jobs);
   }
   running_.erase(std::find(running_.begin(), running_.end(), slot));
+  // A closed epoch keeps its figures, not its tracking: hand back the hash table's buckets
+  // (sized for the jobs in flight), or a week-long run would hold them for every epoch.
+  std::unordered_map<uint64_t, Epoch::ActiveJob>().swap(e.active);
+  std::deque<uint64_t>().swap(e.requeue);
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.6g", e.loss);
   emit(EventKind::kEpochClosed, std::string(set_name(e.plan.set)) + " epoch " +

@@ -241,7 +241,12 @@ void Store::add_completion(CompletionRow row) { pending_completions_.push_back(s
 
 Result<void> Store::write_run_state(const Run& run) {
   const std::string& name = run.config().name;
-  for (const Epoch& e : run.epochs()) {
+  // Epochs before `written` are closed and already in the table: write only from there, so a
+  // commit costs O(open epochs), not O(epochs so far).
+  size_t& written = closed_epochs_written_[name];
+  const auto& epochs = run.epochs();
+  for (size_t i = std::min(written, epochs.size()); i < epochs.size(); ++i) {
+    const Epoch& e = epochs[i];
     auto& s = upsert_epoch_;
     s.bind(1, name).bind(2, set_name(e.plan.set)).bind(3, e.plan.epoch).bind(4, e.plan.size());
     s.bind(5, e.done).bind(6, e.failed).bind(7, e.closed() ? 1 : 0);
@@ -253,6 +258,7 @@ Result<void> Store::write_run_state(const Run& run) {
     s.bind(9, e.samples).bind(10, e.nonfinite_jobs);
     if (auto r = s.run(); !r) return r;
   }
+  while (written < epochs.size() && epochs[written].closed()) ++written;
   update_run_.bind(1, run_state_name(run.state())).bind(2, run.state_reason()).bind(3, name);
   return update_run_.run();
 }

@@ -135,6 +135,7 @@ class Store {
   std::set<std::string> touched_;
   std::map<std::string, uint64_t> records_since_snapshot_;
   std::map<std::string, int64_t> last_seq_;
+  std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
 };
 
 }  // namespace traincoord
