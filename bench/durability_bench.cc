@@ -86,7 +86,7 @@ void write_history(const std::string& dir, uint64_t jobs) {
   store->add_run("bench", "toml", kRun, 0);
   auto post = [&](const std::string& target, const std::string& body) {
     const TimeMs t = clock.hold();
-    auto r = api.handle({"POST", target, body});
+    auto r = api.handle({"POST", target, body, {}});
     clock.release();
     store->add_record("bench", t, RecordKind::kRequest, target, body);
     return std::get<HttpReply>(r).body;
@@ -96,8 +96,8 @@ void write_history(const std::string& dir, uint64_t jobs) {
   for (uint64_t i = 0; i < jobs; ++i) {
     const auto at = reply.find("\"lease\":");
     const std::string lease = reply.substr(at + 8, reply.find(',', at) - at - 8);
-    reply = post("/v1/runs/bench/complete",
-                 R"({"worker": 0, "lease": )" + lease + R"(, "loss": 0.5, "samples": 32, "next": true})");
+    reply = post("/v1/runs/bench/complete", R"({"worker": 0, "lease": )" + lease +
+                                                R"(, "loss": 0.5, "samples": 32, "next": true})");
     if (i % 64 == 63) {
       (void)store->commit(engine);
       (void)store->snapshot_due(engine, clock.now());
@@ -115,8 +115,7 @@ double restore_seconds(const std::string& dir, uint64_t* records) {
   Engine engine(clock);
   Api api(engine, clock);
   auto report = restore_engine(*store, engine, api, clock);
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *records = report ? report->records : 0;
   return s;
 }
@@ -145,9 +144,10 @@ int main(int argc, char** argv) {
     const char* name;
     std::vector<std::string> args;
   };
-  for (const Mode& m : {Mode{"in-memory", {"--in-memory"}},
-                        Mode{"os", {"--durability", "os", "--data-dir", dir.path() + "/os"}},
-                        Mode{"fsync", {"--durability", "fsync", "--data-dir", dir.path() + "/fsync"}}}) {
+  for (const Mode& m :
+       {Mode{"in-memory", {"--in-memory"}},
+        Mode{"os", {"--durability", "os", "--data-dir", dir.path() + "/os"}},
+        Mode{"fsync", {"--durability", "fsync", "--data-dir", dir.path() + "/fsync"}}}) {
     std::vector<std::string> args = {"--config", config};
     args.insert(args.end(), m.args.begin(), m.args.end());
     auto server = testing::ServerProcess::start(args, 0, binary);
@@ -167,11 +167,11 @@ int main(int argc, char** argv) {
     uint64_t records = 0;
     const double restore = restore_seconds(data, &records);
     const auto bytes = std::filesystem::file_size(data + "/traincoord.db");
-    std::printf("  %9llu completed jobs: restart %.3f s (%llu log records replayed), "
-                "database %.0f MiB, written in %.1f s\n",
-                static_cast<unsigned long long>(jobs), restore,
-                static_cast<unsigned long long>(records), static_cast<double>(bytes) / (1 << 20),
-                wrote);
+    std::printf(
+        "  %9llu completed jobs: restart %.3f s (%llu log records replayed), "
+        "database %.0f MiB, written in %.1f s\n",
+        static_cast<unsigned long long>(jobs), restore, static_cast<unsigned long long>(records),
+        static_cast<double>(bytes) / (1 << 20), wrote);
   }
   return 0;
 }

@@ -31,7 +31,7 @@
 namespace traincoord::client {
 
 struct Options {
-  std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT
+  std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT, or https://HOST:PORT (TLS)
   std::string run;                            // the run to work on
   std::string worker_name;                    // stable name; default HOSTNAME-PID
   std::chrono::milliseconds connect_timeout{5'000};
@@ -44,11 +44,20 @@ struct Options {
   // The bearer token (a run's worker token), when the coordinator needs one. Empty: taken
   // from $TRAINCOORD_TOKEN, or read from the file $TRAINCOORD_TOKEN_FILE, if set.
   std::string token;
+  // TLS (an https:// url). ca_file: the PEM bundle that signed the coordinator's certificate
+  // (default: $TRAINCOORD_CA_FILE, else the system's CAs); the certificate must name the url's
+  // host. cert_file and key_file: this worker's certificate, for a coordinator that asks for
+  // one (default: $TRAINCOORD_CERT_FILE and $TRAINCOORD_KEY_FILE).
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 struct ClientError {
-  int http_status = 0;  // 0: no HTTP answer (unreachable, timed out)
-  std::string code;     // the server's error code ("invalid_argument", ...) or "unreachable"
+  int http_status = 0;  // 0: no HTTP answer (unreachable, timed out, TLS refused)
+  // The server's error code ("invalid_argument", ...), "unreachable" (retried), or "tls" (the
+  // TLS handshake failed: a certificate that does not verify; not retried)
+  std::string code;
   std::string message;
   std::string field;  // for invalid_argument: the offending field
 };
@@ -126,6 +135,7 @@ class Worker {
   void drop(uint64_t lease);
 
   Options options_;
+  std::shared_ptr<void> tls_;  // the TLS context (https), shared with the heartbeat connection
   std::unique_ptr<Connection> connection_;
   std::atomic<uint32_t> id_{0};  // read by the heartbeat thread; changes when re-registering
   std::chrono::milliseconds heartbeat_interval_{10'000};
@@ -136,7 +146,7 @@ class Worker {
 };
 
 // One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or
-// the error. No retries.
+// the error. No retries. An https:// url takes its TLS files from the environment (above).
 Result<std::string> get(const std::string& url, const std::string& path,
                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
                         const std::string& token = "");

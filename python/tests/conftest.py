@@ -42,10 +42,10 @@ class Server:
             if not line:
                 break
             seen += line
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            m = re.search(r"listening on (https?)://127\.0\.0\.1:(\d+)", line)
             if m:
-                self.port = int(m.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
+                self.port = int(m.group(2))
+                self.url = f"{m.group(1)}://127.0.0.1:{self.port}"
                 return
         self.kill()
         raise RuntimeError(f"traincoord serve did not start:\n{seen}")

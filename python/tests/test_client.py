@@ -159,3 +159,37 @@ def test_tokens_are_required_and_checked(tmp_path, run_config):
         assert (tokens / "more.token").exists()
     finally:
         s.kill()
+
+
+def test_workers_finish_the_run_over_tls_and_an_untrusted_certificate_is_refused(tmp_path,
+                                                                                 run_config):
+    from conftest import Server
+
+    pki = tmp_path / "pki"
+    subprocess.run([str(REPO / "tests" / "tls" / "make-certs"), str(pki)], check=True)
+    s = Server(["--config", str(run_config), "--in-memory", "--tls-cert", str(pki / "server.pem"),
+                "--tls-key", str(pki / "server-key.pem"), "--tls-client-ca", str(pki / "ca.pem")])
+    try:
+        assert s.url.startswith("https://")
+        client_cert = {"cert_file": str(pki / "client.pem"), "key_file": str(pki / "client-key.pem")}
+        # Not trusting the coordinator's CA: refused at once, not retried.
+        with pytest.raises(traincoord.CoordinatorError) as e:
+            traincoord.Run(s.url, "py", "w", ca_file=str(pki / "other-ca.pem"), give_up_after=60,
+                           **client_cert)
+        assert e.value.code == "tls"
+        # No client certificate: the coordinator refuses the connection.
+        with pytest.raises(traincoord.CoordinatorError) as e:
+            traincoord.Run(s.url, "py", "w", ca_file=str(pki / "ca.pem"), give_up_after=60)
+        assert e.value.code == "tls", e.value
+        ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
+        threads = [threading.Thread(target=lambda i=i: ends.append(
+            work(s.url, f"t{i}", ledger, lock, ca_file=str(pki / "ca.pem"), **client_cert)))
+            for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [e.state for e in ends] == ["completed"] * 2
+        check_exactly_once(ledger)
+    finally:
+        s.kill()

@@ -8,6 +8,7 @@ import math
 import os
 import random
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -90,6 +91,25 @@ def _token_from_environment() -> str:
     return ""
 
 
+def _tls_context(ca_file: str | None, cert_file: str | None,
+                 key_file: str | None) -> ssl.SSLContext:
+    """Verifies the coordinator against ca_file (else the system's CAs) and its host name;
+    shows cert_file/key_file to a coordinator that asks for a client certificate. Each
+    defaults to $TRAINCOORD_CA_FILE, $TRAINCOORD_CERT_FILE, $TRAINCOORD_KEY_FILE."""
+    ca_file = ca_file or os.environ.get("TRAINCOORD_CA_FILE") or None
+    cert_file = cert_file or os.environ.get("TRAINCOORD_CERT_FILE") or None
+    key_file = key_file or os.environ.get("TRAINCOORD_KEY_FILE") or None
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise CoordinatorError(f"cannot use client certificate {cert_file}: {e}",
+                                   code="invalid_argument", field="cert_file") from None
+    return context
+
+
 def _request_id() -> int:
     return random.getrandbits(52) | 1  # nonzero; exact in JSON doubles too
 
@@ -102,17 +122,27 @@ def _json_number(x: float) -> float | None:
 class _Connection:
     """One keep-alive HTTP connection with timeouts; reopened after any failure."""
 
-    def __init__(self, host: str, port: int, timeout: float, token: str = "") -> None:
+    def __init__(self, host: str, port: int, timeout: float, token: str = "",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host, self.port, self.timeout = host, port, timeout
-        self.token = token
+        self.token, self.tls = token, tls
         self.conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(2):  # a kept-alive connection may have been closed by the server
             if self.conn is None:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-                conn.connect()  # raises OSError: the caller retries
+                if self.tls is not None:
+                    conn = http.client.HTTPSConnection(self.host, self.port,
+                                                       timeout=self.timeout, context=self.tls)
+                else:
+                    conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                try:
+                    conn.connect()  # raises OSError: the caller retries
+                except ssl.SSLCertVerificationError as e:  # retrying will not help
+                    raise CoordinatorError(f"TLS: the coordinator at {self.host}:{self.port} "
+                                           f"did not verify: {e.verify_message}",
+                                           code="tls") from None
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.conn = conn
             self.conn.sock.settimeout(timeout)
@@ -141,26 +171,32 @@ class _Connection:
 class Run:
     """A worker of one run on a coordinator: registers on construction.
 
-    url: the coordinator (http://HOST:PORT); run: the run's name; worker: a stable name
+    url: the coordinator (http://HOST:PORT, or https://HOST:PORT for TLS); run: the run's name; worker: a stable name
     (default HOSTNAME-PID). timeout: seconds for one request; long_poll: seconds the server may
     hold an acquire while there is no job; give_up_after: seconds of failure before
     Unreachable; heartbeats: extend leases from a background thread; token: the run's worker
     token when the coordinator needs one (default: $TRAINCOORD_TOKEN, or the file named by
-    $TRAINCOORD_TOKEN_FILE).
+    $TRAINCOORD_TOKEN_FILE). ca_file, cert_file, key_file: for https, the CA that signed the
+    coordinator's certificate (default: $TRAINCOORD_CA_FILE, else the system's CAs) and this
+    worker's own certificate for a coordinator that requires one ($TRAINCOORD_CERT_FILE,
+    $TRAINCOORD_KEY_FILE).
     """
 
     def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
                  long_poll: float = 20.0, give_up_after: float = 300.0,
-                 heartbeats: bool = True, token: str | None = None) -> None:
+                 heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
-        if parsed.scheme != "http" or not parsed.port:
-            raise CoordinatorError(f"url must be http://HOST:PORT, got {url!r}", field="url")
+        if parsed.scheme not in ("http", "https") or not parsed.port:
+            raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
+                                   field="url")
         self.url, self.run = url, run
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
         self._host, self._port = parsed.hostname, parsed.port
         self._token = token if token is not None else _token_from_environment()
-        self._conn = _Connection(self._host, self._port, timeout, self._token)
+        self._tls = _tls_context(ca_file, cert_file, key_file) if parsed.scheme == "https" else None
+        self._conn = _Connection(self._host, self._port, timeout, self._token, self._tls)
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._current: Job | None = None
@@ -332,6 +368,12 @@ class Run:
                     raise CoordinatorError(err.get("message", data.decode(errors="replace")),
                                            status, err.get("code", ""), err.get("field", ""))
                 last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
+            except ssl.SSLError as e:
+                if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                    last = f"{type(e).__name__}: {e}"  # closed mid-way: retried
+                else:  # an alert (e.g. no client certificate): retrying will not help
+                    raise CoordinatorError(f"TLS: the coordinator at {self.url} refused the "
+                                           f"connection: {e.reason or e}", code="tls") from None
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
             now = time.monotonic()
@@ -343,7 +385,7 @@ class Run:
             backoff = min(5.0, backoff * 2)
 
     def _heartbeat_loop(self) -> None:
-        conn = _Connection(self._host, self._port, self.timeout, self._token)
+        conn = _Connection(self._host, self._port, self.timeout, self._token, self._tls)
         while not self._stop.wait(self.heartbeat_interval):
             with self._lock:
                 leases = sorted(self._held)
@@ -351,6 +393,6 @@ class Run:
                 conn.request("POST", f"/v1/runs/{self.run}/heartbeat",
                              {"worker": self.id, "leases": leases},
                              min(self.timeout, self.heartbeat_interval))
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException, CoordinatorError):
                 pass  # the next heartbeat may get through in time
         conn.close()

@@ -36,7 +36,11 @@ struct ServeArgs {
   size_t max_workers_per_run = 100'000;
   int read_timeout_s = 30;
   int idle_timeout_s = 600;
-  std::string token_dir;  // empty: the data dir, or ./traincoord-tokens in memory
+  std::string token_dir;          // empty: the data dir, or ./traincoord-tokens in memory
+  std::string tls_cert;           // PEM certificate (chain): serve HTTPS
+  std::string tls_key;            // its PEM private key
+  std::string tls_client_ca;      // PEM CA bundle: clients must show a certificate it signed
+  bool allow_plain_http = false;  // plain HTTP on a non-loopback address
 };
 int serve(const ServeArgs& args);
 

@@ -38,7 +38,7 @@ int inspect(const InspectArgs& args) {
     return args.run.empty() ? 0 : 3;
   }
   for (size_t i = 0; i < names.size(); ++i) {
-    auto reply = api.handle(HttpRequest{"GET", "/v1/runs/" + names[i], ""});
+    auto reply = api.handle(HttpRequest{"GET", "/v1/runs/" + names[i], "", {}});
     const std::string& body = std::get<HttpReply>(reply).body;
     if (args.json) {
       std::cout << body << "\n";

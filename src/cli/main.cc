@@ -50,6 +50,14 @@ int main(int argc, char** argv) {
                 "require tokens on loopback too (always required on other addresses)");
   srv->add_option("--token-dir", serve_args.token_dir,
                   "where admin.token and RUN.token live (default: the data dir)");
+  srv->add_option("--tls-cert", serve_args.tls_cert,
+                  "serve HTTPS with this PEM certificate (chain); needs --tls-key");
+  srv->add_option("--tls-key", serve_args.tls_key, "the PEM private key of --tls-cert");
+  srv->add_option("--tls-client-ca", serve_args.tls_client_ca,
+                  "require client certificates signed by this PEM CA bundle");
+  srv->add_flag("--allow-plain-http", serve_args.allow_plain_http,
+                "serve plain HTTP on a non-loopback address (behind a TLS proxy, or a trusted "
+                "network); without it such an address needs --tls-cert");
   srv->add_option("--max-connections", serve_args.max_connections,
                   "client connections held at once; more are closed")
       ->check(CLI::Range(size_t{1}, size_t{1'000'000}))

@@ -129,6 +129,23 @@ int serve(const ServeArgs& args) {
   options.idle_timeout_s = args.idle_timeout_s;
   options.limits.max_runs = args.max_runs;
   options.limits.max_workers_per_run = args.max_workers_per_run;
+  options.tls = TlsOptions{args.tls_cert, args.tls_key, args.tls_client_ca};
+  const bool loopback =
+      options.host == "localhost" || options.host == "::1" || options.host.rfind("127.", 0) == 0;
+  if (options.tls.enabled() && args.tls_key.empty()) {
+    return fail("--tls-cert needs --tls-key (the certificate's private key)");
+  }
+  if (!options.tls.enabled() && (!args.tls_key.empty() || !args.tls_client_ca.empty())) {
+    return fail(std::string(!args.tls_key.empty() ? "--tls-key" : "--tls-client-ca") +
+                " needs --tls-cert (the server's certificate)");
+  }
+  // Tokens and losses would cross the network in the clear: off loopback, TLS unless told.
+  if (!loopback && !options.tls.enabled() && !args.allow_plain_http) {
+    return fail("--listen " + args.listen +
+                " is not a loopback address: serve HTTPS with --tls-cert and --tls-key "
+                "(docs/SECURITY.md), or pass --allow-plain-http behind a TLS proxy or on a "
+                "trusted network");
+  }
 
   ServerClock clock;
   Engine engine(clock);
@@ -175,8 +192,6 @@ int serve(const ServeArgs& args) {
   }
 
   // Tokens: always off loopback; on loopback when asked (--auth).
-  const bool loopback =
-      options.host == "localhost" || options.host == "::1" || options.host.rfind("127.", 0) == 0;
   std::optional<Auth> auth;
   if (args.auth || !loopback) {
     const std::string dir = !args.token_dir.empty() ? args.token_dir
@@ -220,7 +235,15 @@ int serve(const ServeArgs& args) {
   }
   const std::string host =
       options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
-  std::cout << "traincoord: listening on http://" << host << ":" << *port << std::endl;
+  if (options.tls.enabled()) {
+    std::cout << "traincoord: TLS with " << options.tls.cert_file
+              << (options.tls.client_ca_file.empty() ? std::string()
+                                                     : "; client certificates signed by " +
+                                                           options.tls.client_ca_file + " required")
+              << "\n";
+  }
+  std::cout << "traincoord: listening on " << (options.tls.enabled() ? "https" : "http") << "://"
+            << host << ":" << *port << std::endl;
 
   int sig = 0;
   sigwait(&signals, &sig);

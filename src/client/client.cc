@@ -16,8 +16,10 @@
 
 #include <rapidjson/document.h>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "json/json_writer.h"
 
@@ -26,6 +28,7 @@ namespace traincoord::client {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 using std::chrono::milliseconds;
 
@@ -34,14 +37,20 @@ namespace {
 struct Endpoint {
   std::string host;
   std::string port;
+  bool tls = false;
 };
 
 Result<Endpoint> parse_url(const std::string& url) {
   std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  if (rest.rfind("https://", 0) == 0) {
-    return tl::unexpected(
-        ClientError{0, "invalid_argument", "https is not supported yet: " + url, "url"});
+  bool tls = false;
+  if (rest.rfind("http://", 0) == 0) {
+    rest = rest.substr(7);
+  } else if (rest.rfind("https://", 0) == 0) {
+    rest = rest.substr(8);
+    tls = true;
+  } else if (rest.find("://") != std::string::npos) {
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "the url must start with http:// or https://: " + url, "url"});
   }
   if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
   const auto colon = rest.rfind(':');
@@ -49,12 +58,55 @@ Result<Endpoint> parse_url(const std::string& url) {
     return tl::unexpected(ClientError{
         0, "invalid_argument", "the url needs a port, e.g. http://HOST:8470: " + url, "url"});
   }
-  Endpoint e{rest.substr(0, colon), rest.substr(colon + 1)};
+  Endpoint e{rest.substr(0, colon), rest.substr(colon + 1), tls};
   if (e.host.size() >= 2 && e.host.front() == '[') e.host = e.host.substr(1, e.host.size() - 2);
   return e;
 }
 
 ClientError unreachable(const std::string& what) { return ClientError{0, "unreachable", what, {}}; }
+
+std::string env_or(const std::string& value, const char* variable) {
+  if (!value.empty()) return value;
+  const char* v = std::getenv(variable);
+  return v ? v : "";
+}
+
+// The TLS settings of one client: verify the coordinator (its CA, else the system's), and show
+// a certificate of our own when there is one. Fails with the field that names the bad file.
+Result<std::shared_ptr<ssl::context>> make_tls_context(std::string ca_file, std::string cert_file,
+                                                       std::string key_file) {
+  ca_file = env_or(ca_file, "TRAINCOORD_CA_FILE");
+  cert_file = env_or(cert_file, "TRAINCOORD_CERT_FILE");
+  key_file = env_or(key_file, "TRAINCOORD_KEY_FILE");
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
+  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                   ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+  beast::error_code ec;
+  if (!ca_file.empty()) {
+    ctx->load_verify_file(ca_file, ec);
+    if (ec) {
+      return tl::unexpected(ClientError{
+          0, "invalid_argument", "cannot use CA file " + ca_file + ": " + ec.message(), "ca_file"});
+    }
+  } else {
+    ctx->set_default_verify_paths(ec);
+  }
+  ctx->set_verify_mode(ssl::verify_peer);
+  if (!cert_file.empty()) {
+    ctx->use_certificate_chain_file(cert_file, ec);
+    if (ec) {
+      return tl::unexpected(ClientError{0, "invalid_argument",
+                                        "cannot use certificate " + cert_file + ": " + ec.message(),
+                                        "cert_file"});
+    }
+    ctx->use_private_key_file(key_file.empty() ? cert_file : key_file, ssl::context::pem, ec);
+    if (ec) {
+      return tl::unexpected(ClientError{
+          0, "invalid_argument", "cannot use key " + key_file + ": " + ec.message(), "key_file"});
+    }
+  }
+  return ctx;
+}
 
 ClientError error_from(int status, const std::string& body) {
   ClientError e{status, "http_" + std::to_string(status), body, {}};
@@ -86,15 +138,18 @@ std::string default_name() {
 
 }  // namespace
 
-// One keep-alive HTTP connection with timeouts: every operation runs on a private io_context
-// for at most its timeout, so a call never blocks longer than asked.
+// One keep-alive HTTP (or HTTPS) connection with timeouts: every operation runs on a private
+// io_context for at most its timeout, so a call never blocks longer than asked.
 class Connection {
  public:
-  Connection(Endpoint endpoint, milliseconds connect_timeout, std::string token = "")
+  // `tls`: required (and only used) when the endpoint is https.
+  Connection(Endpoint endpoint, milliseconds connect_timeout, std::string token = "",
+             std::shared_ptr<ssl::context> tls = nullptr)
       : endpoint_(std::move(endpoint)),
         connect_timeout_(connect_timeout),
         token_(std::move(token)),
-        stream_(io_) {}
+        tls_context_(std::move(tls)),
+        tcp_(io_) {}
 
   struct Response {
     int status = 0;
@@ -120,18 +175,30 @@ class Connection {
 
     http::response<http::string_body> res;
     beast::error_code result;
-    stream_.expires_after(timeout);
-    http::async_write(stream_, req, [&](beast::error_code ec, size_t) {
-      if (ec) {
-        result = ec;
-        return;
-      }
-      http::async_read(stream_, buffer_, res, [&](beast::error_code ec2, size_t) { result = ec2; });
+    lowest().expires_after(timeout);
+    with_stream([&](auto& stream) {
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+        if (ec) {
+          result = ec;
+          return;
+        }
+        http::async_read(stream, buffer_, res,
+                         [&](beast::error_code ec2, size_t) { result = ec2; });
+      });
     });
     io_.restart();
     io_.run();
     if (result) {
       close();
+      // An alert from the coordinator (TLS 1.3 refuses a client certificate only after the
+      // handshake): retrying will not help.
+      if (result.category() == asio::error::get_ssl_category()) {
+        return tl::unexpected(ClientError{0,
+                                          "tls",
+                                          "the coordinator at " + endpoint_.host + ":" +
+                                              endpoint_.port + " refused TLS: " + result.message(),
+                                          {}});
+      }
       return tl::unexpected(unreachable("request to " + endpoint_.host + ":" + endpoint_.port +
                                         target + " failed: " + result.message()));
     }
@@ -141,13 +208,25 @@ class Connection {
 
   void close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().close();
+    tls_.reset();
     buffer_.clear();
     connected_ = false;
   }
 
  private:
+  beast::tcp_stream& lowest() { return tls_ ? beast::get_lowest_layer(*tls_) : tcp_; }
+
+  template <class F>
+  void with_stream(F&& f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(tcp_);
+    }
+  }
+
   Result<void> connect() {
     tcp::resolver resolver(io_);
     beast::error_code ec;
@@ -155,30 +234,76 @@ class Connection {
     if (ec) {
       return tl::unexpected(unreachable("cannot resolve " + endpoint_.host + ": " + ec.message()));
     }
+    if (endpoint_.tls) tls_.emplace(io_, *tls_context_);
     beast::error_code result;
-    stream_.expires_after(connect_timeout_);
-    stream_.async_connect(endpoints,
-                          [&](beast::error_code e, const tcp::endpoint&) { result = e; });
+    lowest().expires_after(connect_timeout_);
+    lowest().async_connect(endpoints,
+                           [&](beast::error_code e, const tcp::endpoint&) { result = e; });
     io_.restart();
     io_.run();
     if (result) {
-      stream_.close();
+      lowest().close();
+      tls_.reset();
       return tl::unexpected(unreachable("cannot connect to " + endpoint_.host + ":" +
                                         endpoint_.port + ": " + result.message()));
     }
-    stream_.socket().set_option(tcp::no_delay(true), ec);
+    lowest().socket().set_option(tcp::no_delay(true), ec);
+    if (tls_) {
+      if (auto r = handshake(); !r) {
+        close();
+        return r;
+      }
+    }
     connected_ = true;
     return {};
+  }
+
+  // Verifies the coordinator's certificate against the CA and the url's host (name or IP).
+  Result<void> handshake() {
+    const bool is_address = [&] {
+      beast::error_code e;
+      (void)asio::ip::make_address(endpoint_.host, e);
+      return !e;
+    }();
+    if (!is_address) SSL_set_tlsext_host_name(tls_->native_handle(), endpoint_.host.c_str());
+    tls_->set_verify_callback(ssl::host_name_verification(endpoint_.host));
+    beast::error_code result;
+    lowest().expires_after(connect_timeout_);
+    tls_->async_handshake(ssl::stream_base::client, [&](beast::error_code e) { result = e; });
+    io_.restart();
+    io_.run();
+    if (!result) return {};
+    if (result == beast::error::timeout) {
+      return tl::unexpected(unreachable("TLS handshake with " + endpoint_.host + ":" +
+                                        endpoint_.port + " timed out"));
+    }
+    std::string why = result.message();
+    if (const long v = SSL_get_verify_result(tls_->native_handle()); v != X509_V_OK) {
+      why = X509_verify_cert_error_string(v);
+    }
+    return tl::unexpected(ClientError{
+        0,
+        "tls",
+        "TLS handshake with " + endpoint_.host + ":" + endpoint_.port + " failed: " + why,
+        {}});
   }
 
   Endpoint endpoint_;
   milliseconds connect_timeout_;
   std::string token_;
+  std::shared_ptr<ssl::context> tls_context_;
   asio::io_context io_;
-  beast::tcp_stream stream_;
+  beast::tcp_stream tcp_;                                    // plain HTTP
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;  // HTTPS: a fresh one per connection
   beast::flat_buffer buffer_;
   bool connected_ = false;
 };
+
+// The TLS context an endpoint needs (none for http://).
+Result<std::shared_ptr<ssl::context>> tls_for(const Endpoint& endpoint, const Options& options) {
+  if (!endpoint.tls) return std::shared_ptr<ssl::context>();
+  return make_tls_context(options.ca_file, options.cert_file, options.key_file);
+}
 
 struct Worker::Heartbeats {
   std::mutex mu;
@@ -222,9 +347,12 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
   }
   if (options.worker_name.empty()) options.worker_name = default_name();
   if (options.token.empty()) options.token = token_from_environment();
+  auto tls = tls_for(*endpoint, options);
+  if (!tls) return tl::unexpected(tls.error());
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
+  w->tls_ = *tls;
   w->connection_ =
-      std::make_unique<Connection>(*endpoint, w->options_.connect_timeout, w->options_.token);
+      std::make_unique<Connection>(*endpoint, w->options_.connect_timeout, w->options_.token, *tls);
   if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
   if (w->options_.heartbeats) {
     w->heartbeats_ = std::make_unique<Heartbeats>();
@@ -264,6 +392,7 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     auto res =
         connection_->request(http::verb::post, target, body, options_.request_timeout + extra_wait);
     ClientError error;
+    if (!res && res.error().code == "tls") return tl::unexpected(res.error());  // won't get better
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
       return tl::unexpected(error_from(res->status, res->body));
@@ -423,7 +552,8 @@ Result<void> Worker::leave() {
 // Heartbeats go over their own connection, so they are never stuck behind a long poll.
 void Worker::heartbeat_loop() {
   auto endpoint = parse_url(options_.url);
-  Connection connection(*endpoint, options_.connect_timeout, options_.token);
+  Connection connection(*endpoint, options_.connect_timeout, options_.token,
+                        std::static_pointer_cast<ssl::context>(tls_));
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
   while (
@@ -446,7 +576,9 @@ Result<std::string> once(http::verb method, const std::string& url, const std::s
                          const std::string& body, milliseconds timeout, const std::string& token) {
   auto endpoint = parse_url(url);
   if (!endpoint) return tl::unexpected(endpoint.error());
-  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token);
+  auto tls = tls_for(*endpoint, Options{});
+  if (!tls) return tl::unexpected(tls.error());
+  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token, *tls);
   auto res = connection.request(method, path, body, timeout);
   if (!res) return tl::unexpected(res.error());
   if (res->status != 200 && res->status != 201) {

@@ -20,7 +20,7 @@ class ApiTest : public ::testing::Test {
 
   HttpReply reply(const std::string& method, const std::string& target,
                   const std::string& body = "") {
-    auto r = api_.handle({method, target, body});
+    auto r = api_.handle({method, target, body, {}});
     EXPECT_TRUE(std::holds_alternative<HttpReply>(r)) << target << " parked";
     return std::holds_alternative<HttpReply>(r) ? std::get<HttpReply>(r) : HttpReply{};
   }
@@ -123,7 +123,8 @@ TEST_F(ApiTest, AcquireParksWhenAskedToWaitAndIsAnsweredWhenWorkAppears) {
   EXPECT_STREQ(now["status"].GetString(), "wait");
   EXPECT_GT(now["retry_after_ms"].GetInt64(), 0);
   // Asked to wait: parked.
-  auto parked = api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 1, "wait_ms": 5000})"});
+  auto parked =
+      api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 1, "wait_ms": 5000})", {}});
   ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(parked));
   const ParkedAcquire p = std::get<ParkedAcquire>(parked);
   EXPECT_EQ(p.deadline, 5000);
@@ -143,7 +144,7 @@ TEST_F(ApiTest, AcquireParksWhenAskedToWaitAndIsAnsweredWhenWorkAppears) {
 TEST_F(ApiTest, AParkedAcquireTimesOutWithARetryHint) {
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   for (int i = 0; i < 4; ++i) json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
-  auto parked = api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait_ms": 100})"});
+  auto parked = api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait_ms": 100})", {}});
   ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(parked));
   auto answer = api_.retry(std::get<ParkedAcquire>(parked), true);
   ASSERT_TRUE(answer.has_value());

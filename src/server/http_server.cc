@@ -19,14 +19,17 @@
 #include <vector>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 namespace traincoord {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 namespace {
@@ -63,6 +66,11 @@ class HttpServer::Impl {
   ~Impl() { stop(); }
 
   Result<uint16_t> start() {
+    if (options_.tls.enabled()) {
+      auto ctx = make_tls_context(options_.tls);
+      if (!ctx) return tl::unexpected(ctx.error());
+      tls_ = std::move(*ctx);
+    }
     beast::error_code ec;
     const auto address = asio::ip::make_address(options_.host, ec);
     if (ec) return invalid_argument("listen", "cannot parse listen address " + options_.host);
@@ -124,9 +132,46 @@ class HttpServer::Impl {
   const ServerOptions& options() const { return options_; }
 
  private:
+  template <class Stream>
   class Session;
 
   void do_accept();
+
+  // TLS 1.2 or newer with OpenSSL's default ciphers; with a client CA, a client without a
+  // certificate it signed fails the handshake.
+  static Result<ssl::context> make_tls_context(const TlsOptions& tls) {
+    ssl::context ctx(ssl::context::tls_server);
+    ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                    ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 |
+                    ssl::context::single_dh_use);
+    beast::error_code ec;
+    ctx.use_certificate_chain_file(tls.cert_file, ec);
+    if (ec) {
+      return invalid_argument("tls_cert",
+                              "cannot use TLS certificate " + tls.cert_file + ": " + ec.message());
+    }
+    if (tls.key_file.empty()) return invalid_argument("tls_key", "a TLS certificate needs its key");
+    ctx.use_private_key_file(tls.key_file, ssl::context::pem, ec);
+    if ((ec &&
+         ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH) ||
+        (!ec && SSL_CTX_check_private_key(ctx.native_handle()) != 1)) {
+      return invalid_argument("tls_key", "the TLS key " + tls.key_file +
+                                             " does not match the certificate " + tls.cert_file);
+    }
+    if (ec) {
+      return invalid_argument("tls_key",
+                              "cannot use TLS key " + tls.key_file + ": " + ec.message());
+    }
+    if (!tls.client_ca_file.empty()) {
+      ctx.load_verify_file(tls.client_ca_file, ec);
+      if (ec) {
+        return invalid_argument("tls_client_ca",
+                                "cannot use client CA " + tls.client_ca_file + ": " + ec.message());
+      }
+      ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+    return ctx;
+  }
 
   struct Parked {
     ParkedAcquire acquire;
@@ -170,6 +215,14 @@ class HttpServer::Impl {
         "# HELP traincoord_http_connections Open client connections.\n"
         "# TYPE traincoord_http_connections gauge\ntraincoord_http_connections " +
         std::to_string(connections_.load()) + "\n";
+    if (tls_) {
+      out +=
+          "# HELP traincoord_tls_handshake_failures_total Connections dropped in the TLS "
+          "handshake (no or a wrong client certificate, plain HTTP sent to the TLS port, ...).\n"
+          "# TYPE traincoord_tls_handshake_failures_total counter\n"
+          "traincoord_tls_handshake_failures_total " +
+          std::to_string(tls_failures_.load()) + "\n";
+    }
     out +=
         "# HELP traincoord_store_commit_duration_seconds Durable commits (group commit).\n"
         "# TYPE traincoord_store_commit_duration_seconds histogram\n";
@@ -348,6 +401,7 @@ class HttpServer::Impl {
 
  public:
   std::atomic<int64_t> connections_{0};
+  std::atomic<uint64_t> tls_failures_{0};
 
  private:
   // Engine thread only.
@@ -369,6 +423,7 @@ class HttpServer::Impl {
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
   std::optional<tcp::acceptor> acceptor_;
+  std::optional<ssl::context> tls_;
   size_t next_io_ = 0;
   std::vector<std::thread> threads_;
   std::thread engine_thread_;
@@ -389,14 +444,36 @@ class HttpServer::Impl {
 // One connection: read a request, hand it to the engine, write the reply, read the next. The
 // next request is read only after the reply is written, so pipelined requests (already in the
 // buffer) are answered in order.
-class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
+// Stream is beast::tcp_stream (plain HTTP) or beast::ssl_stream over one (TLS: the handshake
+// comes first, within the read timeout).
+template <class Stream>
+class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
  public:
-  Session(tcp::socket socket, Impl& server) : stream_(std::move(socket)), server_(server) {
+  template <class... Args>
+  Session(Impl& server, Args&&... args) : stream_(std::forward<Args>(args)...), server_(server) {
     server_.connections_ += 1;
   }
   ~Session() { server_.connections_ -= 1; }
 
-  void start() { read(); }
+  void start() {
+    if constexpr (kTls) {
+      lowest().expires_after(std::chrono::seconds(server_.options().read_timeout_s));
+      stream_.async_handshake(ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code ec) {
+                                if (ec) {
+                                  self->server_.tls_failures_ += 1;
+                                  self->drop();
+                                  return;
+                                }
+                                self->handshaken_ = true;
+                                self->read();
+                              });
+    } else {
+      read();
+    }
+  }
 
  private:
   // Waits (up to the idle timeout) for a request's first byte, then gives the whole request
@@ -406,9 +483,9 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
       read_request();
       return;
     }
-    stream_.expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
+    lowest().expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
     stream_.async_read_some(buffer_.prepare(4096),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            [self = this->shared_from_this()](beast::error_code ec, size_t n) {
                               if (ec) {
                                 self->close();
                                 return;
@@ -422,16 +499,16 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
-    stream_.expires_after(std::chrono::seconds(server_.options().read_timeout_s));
+    lowest().expires_after(std::chrono::seconds(server_.options().read_timeout_s));
     http::async_read(
         stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
-        ec == asio::error::eof) {
+        ec == asio::error::eof || ec == ssl::error::stream_truncated) {
       close();
       return;
     }
@@ -461,7 +538,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     call.request.target = std::string(req.target());
     call.request.body = std::move(req.body());
     call.request.authorization = std::string(req[http::field::authorization]);
-    call.respond = [self = shared_from_this()](HttpReply reply) {
+    call.respond = [self = this->shared_from_this()](HttpReply reply) {
       asio::post(self->stream_.get_executor(),
                  [self, reply = std::move(reply)]() mutable { self->write(std::move(reply)); });
     };
@@ -486,7 +563,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
     response_.body() = std::move(reply.body);
     response_.prepare_payload();
     http::async_write(stream_, response_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
                         if (ec || !self->keep_alive_) {
                           self->close();
                         } else {
@@ -495,18 +572,35 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session> {
                       });
   }
 
+  auto& lowest() { return beast::get_lowest_layer(stream_); }
+
+  // TLS says close_notify first (for at most a second); then the socket is shut.
   void close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.socket().close(ignored);
+    if constexpr (kTls) {
+      if (handshaken_) {
+        handshaken_ = false;
+        lowest().expires_after(std::chrono::seconds(1));
+        stream_.async_shutdown(
+            [self = this->shared_from_this()](beast::error_code) { self->drop(); });
+        return;
+      }
+    }
+    drop();
   }
 
-  beast::tcp_stream stream_;
+  void drop() {
+    beast::error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    lowest().socket().close(ignored);
+  }
+
+  Stream stream_;
   Impl& server_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> response_;
   bool keep_alive_ = true;
+  bool handshaken_ = false;
   uint64_t requests_ = 0;
 };
 
@@ -519,7 +613,12 @@ void HttpServer::Impl::do_accept() {
         socket.close(ec);  // over --max-connections: refused at once, costs nothing
       } else {
         socket.set_option(tcp::no_delay(true), ec);
-        std::make_shared<Session>(std::move(socket), *this)->start();
+        if (tls_) {
+          using TlsSession = Session<beast::ssl_stream<beast::tcp_stream>>;
+          std::make_shared<TlsSession>(*this, std::move(socket), *tls_)->start();
+        } else {
+          std::make_shared<Session<beast::tcp_stream>>(*this, std::move(socket))->start();
+        }
       }
     }
     do_accept();

@@ -19,6 +19,14 @@
 
 namespace traincoord {
 
+// TLS for the listening socket. Empty cert_file: plain HTTP.
+struct TlsOptions {
+  std::string cert_file;       // PEM: the server's certificate (chain)
+  std::string key_file;        // PEM: its private key
+  std::string client_ca_file;  // PEM CA bundle; set: every client must show a certificate it signed
+  bool enabled() const { return !cert_file.empty(); }
+};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8470;  // 0: any free port (start() says which)
@@ -31,6 +39,7 @@ struct ServerOptions {
   uint64_t max_requests_per_connection = 1'000'000;  // then the reply says Connection: close
   ApiLimits limits;
   Auth* auth = nullptr;  // null: no tokens needed (loopback demos); else checked first
+  TlsOptions tls;
 };
 
 class HttpServer {
@@ -44,8 +53,9 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds, listens and starts the threads. Returns the port it listens on, or an error that
-  // says why it could not (address in use, bad address).
+  // Loads the TLS certificates (if any), binds, listens and starts the threads. Returns the
+  // port it listens on, or an error that says why it could not (address in use, bad address,
+  // unreadable certificate or key, a key that does not match its certificate).
   Result<uint16_t> start();
   // Blocks until stop() is called (from another thread or a signal handler's thread).
   void wait();

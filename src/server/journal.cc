@@ -63,7 +63,7 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
       return;
     }
     // The same code path as when the request first came; its answer is not needed again.
-    (void)api.handle(HttpRequest{"POST", r.target, r.body});
+    (void)api.handle(HttpRequest{"POST", r.target, r.body, {}});
   });
   if (!replayed) return tl::unexpected(replayed.error());
   auto latest = store.latest_time();

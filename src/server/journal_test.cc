@@ -49,7 +49,7 @@ class Harness {
 
   HttpReply post(const std::string& target, const std::string& body) {
     const TimeMs t = clock_.hold();
-    auto result = api_.handle({"POST", target, body});
+    auto result = api_.handle({"POST", target, body, {}});
     clock_.release();
     const std::string_view run = Api::run_of(target);
     if (!run.empty() && engine_.find(std::string(run))) {

@@ -630,3 +630,150 @@ TEST_F(Limits, DeeplyNestedJsonIsRefusedWithoutCrashing) {
 
 }  // namespace
 }  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+// TLS: a throw-away CA, server and client certificates (tests/tls/make-certs) made per test.
+class Tls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = dir_.write("run.toml", kRun);
+    pki_ = dir_.path() + "/pki";
+    int status = -1;
+    run_command(std::string(TRAINCOORD_SOURCE_DIR) + "/tests/tls/make-certs " + pki_, &status);
+    ASSERT_EQ(status, 0) << "make-certs failed";
+    unsetenv("TRAINCOORD_CA_FILE");
+  }
+  void serve(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--config",        config_,     "--in-memory",
+                                     "--read-timeout",  "1",         "--tls-cert",
+                                     pki("server.pem"), "--tls-key", pki("server-key.pem")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    server_ = ServerProcess::start(args);
+    ASSERT_NE(server_, nullptr);
+    ASSERT_EQ(server_->url().rfind("https://", 0), 0u) << server_->output();
+  }
+  std::string pki(const std::string& file) const { return pki_ + "/" + file; }
+  client::Options options(const std::string& name, const std::string& ca = "ca.pem") const {
+    client::Options o = options_for(*server_, name);
+    o.ca_file = pki(ca);
+    o.give_up_after = std::chrono::milliseconds(3000);
+    return o;
+  }
+  TempDir dir_;
+  std::string config_, pki_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(Tls, WorkersFinishTheRunOverHttpsWithEveryBatchTrainedOnce) {
+  serve();
+  Ledger ledger;
+  std::string a, b;
+  std::thread ta([&] { a = work(options("a"), &ledger); });
+  std::thread tb([&] { b = work(options("b"), &ledger); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a, "completed");
+  EXPECT_EQ(b, "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+  // traincoord status over https, trusting the CA through the environment.
+  int status = -1;
+  const std::string out = run_command("TRAINCOORD_CA_FILE=" + pki("ca.pem") + " " + TRAINCOORD_BIN +
+                                          " status e2e --url " + server_->url(),
+                                      &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("completed"), std::string::npos) << out;
+}
+
+TEST_F(Tls, AClientThatDoesNotTrustTheCertificateFailsAtOnceWithATlsError) {
+  serve();
+  auto w = client::Worker::connect(options("a", "other-ca.pem"));
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error().code, "tls") << w.error().message;
+  EXPECT_NE(w.error().message.find("certificate"), std::string::npos) << w.error().message;
+  // Nothing reached the run.
+  setenv("TRAINCOORD_CA_FILE", pki("ca.pem").c_str(), 1);
+  auto body = client::get(server_->url(), "/v1/runs/e2e");
+  ASSERT_TRUE(body) << body.error().message;
+  EXPECT_EQ(parse(*body)["workers"].Size(), 0u) << *body;
+}
+
+TEST_F(Tls, ACertificateForAnotherHostIsRefused) {
+  std::vector<std::string> args = {"--config",
+                                   config_,
+                                   "--in-memory",
+                                   "--tls-cert",
+                                   pki("wrong-host.pem"),
+                                   "--tls-key",
+                                   pki("wrong-host-key.pem")};
+  server_ = ServerProcess::start(args);
+  ASSERT_NE(server_, nullptr);
+  auto w = client::Worker::connect(options("a"));  // the right CA, the wrong name
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error().code, "tls") << w.error().message;
+}
+
+TEST_F(Tls, PlainHttpToTheTlsPortIsDroppedAndCounted) {
+  serve();
+  const std::string reply =
+      raw_exchange(server_->port(), "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), std::string::npos) << reply;
+  // A connection that never starts its handshake is cut after the read timeout (1 s).
+  EXPECT_TRUE(testing::server_closes(server_->port(), "", 10000));
+  setenv("TRAINCOORD_CA_FILE", pki("ca.pem").c_str(), 1);
+  auto metrics = client::get(server_->url(), "/metrics");
+  ASSERT_TRUE(metrics) << metrics.error().message;
+  const auto at = metrics->find("\ntraincoord_tls_handshake_failures_total ");
+  ASSERT_NE(at, std::string::npos) << *metrics;
+  EXPECT_GE(std::stoi(metrics->substr(at + 41)), 2) << metrics->substr(at, 60);
+}
+
+TEST_F(Tls, ClientCertificatesAreRequiredWhenTheServerHasAClientCa) {
+  serve({"--tls-client-ca", pki("ca.pem")});
+  auto none = client::Worker::connect(options("none"));
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, "tls") << none.error().message;
+
+  client::Options stranger = options("stranger");
+  stranger.cert_file = pki("other-client.pem");
+  stranger.key_file = pki("other-client-key.pem");
+  auto refused = client::Worker::connect(stranger);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, "tls") << refused.error().message;
+
+  client::Options good = options("good");
+  good.cert_file = pki("client.pem");
+  good.key_file = pki("client-key.pem");
+  Ledger ledger;
+  EXPECT_EQ(work(good, &ledger), "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+}
+
+TEST_F(Tls, BadTlsSettingsAreRefusedAtStartNamingTheFlag) {
+  auto [status, out] =
+      serve_once({"--config", config_, "--in-memory", "--tls-cert", pki("server.pem")});
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("--tls-key"), std::string::npos) << out;
+
+  std::tie(status, out) = serve_once({"--config", config_, "--in-memory", "--tls-cert",
+                                      pki("server.pem"), "--tls-key", pki("client-key.pem")});
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("does not match"), std::string::npos) << out;
+
+  std::tie(status, out) = serve_once({"--config", config_, "--in-memory", "--tls-cert",
+                                      pki("missing.pem"), "--tls-key", pki("server-key.pem")});
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("missing.pem"), std::string::npos) << out;
+
+  // Off loopback, plain HTTP only when asked for.
+  const std::string command = std::string(TRAINCOORD_BIN) + " serve --in-memory --config " +
+                              config_ + " --listen 0.0.0.0:0 2>&1";
+  out = run_command(command, &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("--tls-cert"), std::string::npos) << out;
+  EXPECT_NE(out.find("--allow-plain-http"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace traincoord

@@ -91,7 +91,10 @@ class ServerProcess {
   }
 
   uint16_t port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // https:// when the server said it serves TLS.
+  std::string url() const {
+    return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
+  }
   const std::string& output() const { return output_; }
 
  private:
@@ -99,7 +102,7 @@ class ServerProcess {
 
   bool wait_for_port() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    const std::string marker = "listening on http://127.0.0.1:";
+    const std::string marker = "://127.0.0.1:";
     while (std::chrono::steady_clock::now() < deadline) {
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, 100) <= 0) continue;
@@ -107,8 +110,10 @@ class ServerProcess {
       const ssize_t n = read(fd_, buf, sizeof buf);
       if (n <= 0) break;
       output_.append(buf, static_cast<size_t>(n));
-      const auto at = output_.find(marker);
+      const auto said = output_.find("listening on http");
+      const auto at = said == std::string::npos ? said : output_.find(marker, said);
       if (at != std::string::npos && output_.find('\n', at) != std::string::npos) {
+        tls_ = output_.compare(said, 23, "listening on https://12") == 0;
         port_ = static_cast<uint16_t>(std::stoi(output_.substr(at + marker.size())));
         return true;
       }
@@ -120,6 +125,7 @@ class ServerProcess {
   pid_t pid_;
   int fd_;
   uint16_t port_ = 0;
+  bool tls_ = false;
   std::string output_;
 };
 
