@@ -22,12 +22,16 @@
 #include <hiredis/read.h>
 #include <rapidjson/document.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -57,6 +61,7 @@ struct Args {
   uint64_t train_batches = 100'000;  // per epoch of the run the generator creates
   double lease_timeout_s = 60;
   int server_pid = 0;  // > 0: sample its memory (VmRSS) before and after connecting
+  double job_ms = 0;   // each worker "trains" this long on a job before completing it
   bool json = false;
 };
 
@@ -81,10 +86,36 @@ uint64_t rss_kib(int pid) {
   return 0;
 }
 
+// CPU seconds (user + system) a process has used so far; pid 0: this one.
+double cpu_seconds(int pid) {
+  if (pid == 0) {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  }
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');  // the name may hold spaces; fields follow it
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; fields >> f; ++i) {  // field 3 is the state; 14 utime, 15 stime
+    if (i == 14) utime = std::stod(f);
+    if (i == 15) {
+      stime = std::stod(f);
+      break;
+    }
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // What one measurement found; printed as text or one JSON line.
 struct Report {
   std::string target;
   int workers = 0;
+  double job_ms = 0;
   double seconds = 0;
   uint64_t cycles = 0;  // in the measured window
   uint64_t heartbeats = 0;
@@ -93,6 +124,11 @@ struct Report {
   LatencyHistogram latency;
   uint64_t rss_before_kib = 0, rss_connected_kib = 0;
   uint64_t epochs_checked = 0;
+  double server_cpu_s = 0, own_cpu_s = 0;  // CPU used in the measured window
+
+  double per_cycle_us(double cpu_s) const {
+    return cycles > 0 ? cpu_s * 1e6 / static_cast<double>(cycles) : 0;
+  }
 
   void print(bool json) const {
     const double rate = seconds > 0 ? static_cast<double>(cycles) / seconds : 0;
@@ -101,12 +137,15 @@ struct Report {
       JsonWriter w;
       w.begin_object();
       w.key("target").value(target).key("workers").value(workers).key("seconds").value(seconds);
+      w.key("job_ms").value(job_ms);
       w.key("cycles").value(cycles).key("cycles_per_s").value(rate);
       w.key("p50_us").value(us(0.5)).key("p99_us").value(us(0.99));
       w.key("p999_us").value(us(0.999)).key("max_us").value(static_cast<double>(latency.max()) /
                                                             1000.0);
       w.key("heartbeats").value(heartbeats).key("errors").value(errors);
       w.key("epochs_checked").value(epochs_checked);
+      w.key("server_cpu_us_per_cycle").value(per_cycle_us(server_cpu_s));
+      w.key("loadgen_cpu_us_per_cycle").value(per_cycle_us(own_cpu_s));
       w.key("violations").value(static_cast<uint64_t>(violations.size()));
       w.key("rss_before_kib")
           .value(rss_before_kib)
@@ -115,13 +154,15 @@ struct Report {
       w.end_object();
       std::printf("%s\n", w.str().c_str());
     } else {
-      std::printf("%s: %d workers, %.1f s: %" PRIu64
+      std::printf("%s: %d workers (jobs of %.0f ms), %.1f s: %" PRIu64
                   " job cycles, %.0f cycles/s; latency p50 %.0f us, "
                   "p99 %.0f us, p99.9 %.0f us, max %.0f us; %" PRIu64 " heartbeats, %" PRIu64
                   " errors, %" PRIu64 " closed epochs checked, %zu violations\n",
-                  target.c_str(), workers, seconds, cycles, rate, us(0.5), us(0.99), us(0.999),
-                  static_cast<double>(latency.max()) / 1000.0, heartbeats, errors, epochs_checked,
-                  violations.size());
+                  target.c_str(), workers, job_ms, seconds, cycles, rate, us(0.5), us(0.99),
+                  us(0.999), static_cast<double>(latency.max()) / 1000.0, heartbeats, errors,
+                  epochs_checked, violations.size());
+      std::printf("  CPU per job cycle: server %.1f us, load generator %.1f us\n",
+                  per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s));
       if (rss_before_kib > 0) {
         std::printf("  server memory: %" PRIu64 " KiB before, %" PRIu64
                     " KiB with the workers connected: %.1f KiB per connection\n",
@@ -181,7 +222,8 @@ class TraincoordLoad;
 // One simulated worker on its own connection.
 class SimWorker {
  public:
-  SimWorker(TraincoordLoad& load, asio::io_context& io, int n) : load_(load), socket_(io), n_(n) {}
+  SimWorker(TraincoordLoad& load, asio::io_context& io, int n)
+      : load_(load), socket_(io), n_(n), random_(static_cast<uint64_t>(n) + 1) {}
   void start(const tcp::endpoint& endpoint);
 
  private:
@@ -205,6 +247,8 @@ class SimWorker {
   std::chrono::milliseconds heartbeat_interval_{20'000};
   // The job held: lease, epoch, index, batches.
   bool holding_ = false;
+  bool trained_ = false;  // the held job's training time is over
+  std::mt19937_64 random_;
   uint64_t lease_ = 0, index_ = 0;
   int64_t epoch_ = 0;
   std::vector<uint64_t> batches_;
@@ -223,6 +267,7 @@ class TraincoordLoad {
     if (!create_run()) return 1;
 
     report_.target = "traincoord";
+    report_.job_ms = args_.job_ms;
     report_.workers = args_.workers;
     report_.rss_before_kib = rss_kib(args_.server_pid);
     for (int i = 0; i < args_.workers; ++i) {
@@ -253,9 +298,12 @@ class TraincoordLoad {
       window_.measure_from = window_.start + to_duration(args_.warmup);
       window_.stop = window_.measure_from + to_duration(args_.seconds);
       started_ = true;
+      sample_cpu(window_.measure_from, -1);
+      sample_cpu(window_.stop, +1);
     }
   }
   bool started() const { return started_; }
+  double job_ms() const { return args_.job_ms; }
   void fail(const std::string& why) {
     report_.errors += 1;
     if (report_.errors <= 5) std::fprintf(stderr, "loadgen: %s\n", why.c_str());
@@ -270,6 +318,15 @@ class TraincoordLoad {
     if (auto slash = url.find('/'); slash != std::string::npos) url = url.substr(0, slash);
     const auto colon = url.rfind(':');
     return {url.substr(0, colon), url.substr(colon + 1)};
+  }
+
+  // At `at`, adds sign * the CPU used so far by the server (when known) and by this process.
+  void sample_cpu(Clock::time_point at, int sign) {
+    auto timer = std::make_shared<asio::steady_timer>(io_, at);
+    timer->async_wait([this, timer, sign](auto) {
+      if (args_.server_pid > 0) report_.server_cpu_s += sign * cpu_seconds(args_.server_pid);
+      report_.own_cpu_s += sign * cpu_seconds(0);
+    });
   }
 
   void connect_wave(size_t from) {
@@ -446,6 +503,7 @@ bool SimWorker::on_acquire_reply(const rapidjson::Value& reply) {
     batches_.clear();
     for (const auto& b : job["batches"].GetArray()) batches_.push_back(b.GetUint64());
     holding_ = true;
+    trained_ = load_.job_ms() <= 0;
     load_.checker().handed(epoch_, index_, lease_);
     return true;
   }
@@ -488,6 +546,18 @@ void SimWorker::next_request() {
     boost::system::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
+    return;
+  }
+  if (holding_ && !trained_) {
+    // Uniform in [0.5, 1.5] x --job-ms: real jobs vary, and workers that all started together
+    // drift apart instead of arriving in lockstep waves.
+    const double ms = load_.job_ms() * std::uniform_real_distribution<double>(0.5, 1.5)(random_);
+    auto timer = std::make_shared<asio::steady_timer>(
+        socket_.get_executor(), std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+    timer->async_wait([this, timer](auto) {
+      trained_ = true;
+      next_request();
+    });
     return;
   }
   if (!holding_) {
@@ -567,6 +637,9 @@ class RedisLoad {
     window_.stop = window_.measure_from + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(args_.seconds));
     for (auto& c : clients_) c->start(endpoint_);
+    asio::steady_timer from(io_, window_.measure_from), to(io_, window_.stop);
+    from.async_wait([this](auto) { report_.own_cpu_s -= cpu_seconds(0); });
+    to.async_wait([this](auto) { report_.own_cpu_s += cpu_seconds(0); });
     io_.run();
     report_.seconds = args_.seconds;
     report_.print(args_.json);
@@ -750,7 +823,9 @@ int main(int argc, char** argv) {
   tc->add_option("--url", args.url, "the coordinator (http://HOST:PORT)");
   tc->add_option("--train-batches", args.train_batches, "batches per epoch of the run");
   tc->add_option("--lease-timeout", args.lease_timeout_s, "seconds of a lease");
-  tc->add_option("--server-pid", args.server_pid, "sample this process's memory");
+  tc->add_option("--server-pid", args.server_pid, "sample this process's memory and CPU");
+  tc->add_option("--job-ms", args.job_ms,
+                 "milliseconds each worker trains on a job before completing it (0: none)");
   common(tc);
   CLI::App* rd = app.add_subcommand("redis", "against Redis, as a reliable job queue");
   rd->add_option("--port", args.redis_port, "Redis on 127.0.0.1:PORT");

@@ -45,7 +45,8 @@ struct ServerOptions {
 class HttpServer {
  public:
   // REQUIRES: `engine`, `clock` (the engine's clock) and `store` outlive the server. From
-  // start() on, only the server's engine thread touches the engine, the clock and the store.
+  // start() on, only the server's engine thread touches the engine, the clock and the store:
+  // the I/O thread itself when there is one (io_threads == 1), else a thread of its own.
   // With a store, every state change is durable before its reply is sent; without one
   // (nullptr), the state lives in memory only.
   HttpServer(Engine& engine, ServerClock& clock, Store* store, ServerOptions options);
