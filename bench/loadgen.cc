@@ -638,8 +638,14 @@ class RedisLoad {
                                               std::chrono::duration<double>(args_.seconds));
     for (auto& c : clients_) c->start(endpoint_);
     asio::steady_timer from(io_, window_.measure_from), to(io_, window_.stop);
-    from.async_wait([this](auto) { report_.own_cpu_s -= cpu_seconds(0); });
-    to.async_wait([this](auto) { report_.own_cpu_s += cpu_seconds(0); });
+    from.async_wait([this](auto) {
+      report_.own_cpu_s -= cpu_seconds(0);
+      if (args_.server_pid > 0) report_.server_cpu_s -= cpu_seconds(args_.server_pid);
+    });
+    to.async_wait([this](auto) {
+      report_.own_cpu_s += cpu_seconds(0);
+      if (args_.server_pid > 0) report_.server_cpu_s += cpu_seconds(args_.server_pid);
+    });
     io_.run();
     report_.seconds = args_.seconds;
     report_.print(args_.json);
@@ -829,6 +835,7 @@ int main(int argc, char** argv) {
   common(tc);
   CLI::App* rd = app.add_subcommand("redis", "against Redis, as a reliable job queue");
   rd->add_option("--port", args.redis_port, "Redis on 127.0.0.1:PORT");
+  rd->add_option("--server-pid", args.server_pid, "sample this process's CPU");
   common(rd);
   CLI11_PARSE(app, argc, argv);
 

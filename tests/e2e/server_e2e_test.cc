@@ -160,6 +160,27 @@ TEST_F(ServerE2E, ClientWorkersFinishTheRunWithEveryBatchTrainedOnce) {
   EXPECT_NEAR(s["epochs"][4]["loss"].GetDouble(), 0.3, 1e-12);
 }
 
+// With several I/O threads the engine runs on a thread of its own (with one, on the I/O
+// thread): the same answers either way, with durability on.
+TEST_F(ServerE2E, WithSeveralIoThreadsTheEngineThreadServesTheSameRun) {
+  server_.reset();
+  std::vector<std::string> args = server_args();
+  args.insert(args.end(), {"--io-threads", "3"});
+  server_ = ServerProcess::start(args);
+  ASSERT_NE(server_, nullptr);
+  Ledger ledger;
+  std::vector<std::string> results(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = work(options_for(*server_, "t" + std::to_string(i)), &ledger); });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& r : results) EXPECT_EQ(r, "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+  EXPECT_STREQ(status()["state"].GetString(), "completed");
+}
+
 TEST_F(ServerE2E, AKilledWorkersJobIsHandedToAnotherAfterItsLeaseExpires) {
   // The example worker dies (no goodbye) while holding its third job.
   int exit_status = 0;
