@@ -129,9 +129,9 @@ class HttpServer::Impl {
   // From any I/O thread: hands a request to the engine. With one I/O thread the engine runs on
   // it (as Redis runs its state on its one event loop): the request waits in `pending_` until
   // the handlers of the sockets that are ready now have run, and then the whole wave is
-  // answered and committed at once. Measured (bench/compare, 64 workers): without the hop to a
-  // separate engine thread and back, twice the job cycles per second on 2 cores
-  // (docs/PERFORMANCE.md).
+  // answered and committed at once. Measured (bench/loadgen, 64 workers, 2 cores): the hop to
+  // a separate engine thread and back cost ~8 µs of server CPU per request (44 vs 36 µs then;
+  // docs/PERFORMANCE.md).
   void submit(Call call) {
     if (inline_engine_) {
       pending_.push_back(std::move(call));
@@ -558,7 +558,8 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
   // One read of what the socket has; `first`: the request's first bytes (the idle timeout
   // ran until now; from here on the read timeout does). The request is parsed from our buffer
   // with the parser's put(), not with http::async_read: one read and one handler a request
-  // instead of Beast's composed operations (measured: 20% less server CPU per request).
+  // instead of Beast's composed operations. With the reply written by hand (below), measured:
+  // server CPU per request 27–36 → 21–26 µs (bench/loadgen, docs/PERFORMANCE.md).
   void read_more(bool first) {
     stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this(), first](
                                                        beast::error_code ec, size_t n) {
@@ -634,7 +635,8 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
   }
 
   // The reply in one buffer and one write. Written by hand, not with Beast's serializer: the
-  // header set is fixed and small, and this halves the user-space cost of a reply (measured).
+  // header set is fixed and small, and the serializer's buffer sequences were a visible part of
+  // the profile (see read_more for the figure).
   void write(HttpReply reply) {
     const auto status = static_cast<http::status>(reply.status);
     out_.clear();
