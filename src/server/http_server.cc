@@ -61,6 +61,7 @@ class HttpServer::Impl {
       guards_.emplace_back(asio::make_work_guard(*ios_.back()));
     }
     acceptor_.emplace(*ios_[0]);
+    for (auto& io : ios_) sweepers_.push_back(std::make_unique<Sweeper>(*io));
     inline_engine_ = n == 1;
   }
 
@@ -93,6 +94,7 @@ class HttpServer::Impl {
       engine_thread_ = std::thread([this] { engine_loop(); });
     }
     do_accept();
+    for (auto& sweeper : sweepers_) sweep(*sweeper);
     for (auto& io : ios_) threads_.emplace_back([&io] { io->run(); });
     return port;
   }
@@ -160,6 +162,38 @@ class HttpServer::Impl {
  private:
   template <class Stream>
   class Session;
+
+  // What the sweeper needs of a connection, whatever its stream.
+  class Deadlined {
+   public:
+    virtual ~Deadlined() = default;
+    // Closes the connection if its deadline has passed.
+    virtual void expire_if_due(std::chrono::steady_clock::time_point now) = 0;
+  };
+
+  // Per I/O thread: its connections' deadlines, checked twice a second by one timer, instead
+  // of a timer re-armed on every read and write of every connection (Beast's tcp_stream).
+  // Measured: see docs/PERFORMANCE.md. A timeout fires within half a second of its time.
+  struct Sweeper {
+    explicit Sweeper(asio::io_context& io) : timer(io) {}
+    asio::steady_timer timer;
+    std::vector<std::weak_ptr<Deadlined>> sessions;  // this thread's only
+  };
+
+  void sweep(Sweeper& sweeper) {
+    sweeper.timer.expires_after(std::chrono::milliseconds(500));
+    sweeper.timer.async_wait([this, &sweeper](beast::error_code ec) {
+      if (ec) return;
+      const auto now = std::chrono::steady_clock::now();
+      std::erase_if(sweeper.sessions, [now](std::weak_ptr<Deadlined>& w) {
+        auto session = w.lock();
+        if (!session) return true;
+        session->expire_if_due(now);
+        return false;
+      });
+      sweep(sweeper);
+    });
+  }
 
   void do_accept();
 
@@ -469,6 +503,7 @@ class HttpServer::Impl {
   ServerOptions options_;
   std::vector<Outgoing> outbox_;  // engine thread only: replies waiting for the commit
 
+  std::vector<std::unique_ptr<Sweeper>> sweepers_;  // one per I/O thread; outlives ios_'s handlers
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
   std::optional<tcp::acceptor> acceptor_;
@@ -503,22 +538,35 @@ class HttpServer::Impl {
 // One connection: read a request, hand it to the engine, write the reply, read the next. The
 // next request is read only after the reply is written, so pipelined requests (already in the
 // buffer) are answered in order.
-// Stream is beast::tcp_stream (plain HTTP) or beast::ssl_stream over one (TLS: the handshake
-// comes first, within the read timeout).
+// Stream is tcp::socket (plain HTTP) or beast::ssl_stream over one (TLS: the handshake comes
+// first, within the read timeout). Timeouts are deadlines the I/O thread's Sweeper checks: set
+// while a read or write is pending, none while the request is with the engine (a long poll).
 template <class Stream>
-class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<Stream>> {
-  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+class HttpServer::Impl::Session : public Deadlined,
+                                  public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
+  using TimePoint = std::chrono::steady_clock::time_point;
 
  public:
   template <class... Args>
-  Session(Impl& server, Args&&... args) : stream_(std::forward<Args>(args)...), server_(server) {
+  Session(Impl& server, Sweeper& sweeper, Args&&... args)
+      : stream_(std::forward<Args>(args)...), server_(server), sweeper_(sweeper) {
     server_.connections_ += 1;
   }
-  ~Session() { server_.connections_ -= 1; }
+  ~Session() override { server_.connections_ -= 1; }
 
+  void expire_if_due(TimePoint now) override {
+    if (now < deadline_) return;
+    deadline_ = TimePoint::max();
+    handshaken_ = false;  // no close_notify to a peer that stopped answering
+    drop();               // the pending read or write ends with operation_aborted
+  }
+
+  // On the connection's own I/O thread.
   void start() {
+    sweeper_.sessions.push_back(this->weak_from_this());
     if constexpr (kTls) {
-      lowest().expires_after(std::chrono::seconds(server_.options().read_timeout_s));
+      deadline_in(server_.options().read_timeout_s);
       stream_.async_handshake(ssl::stream_base::server,
                               [self = this->shared_from_this()](beast::error_code ec) {
                                 if (ec) {
@@ -543,7 +591,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
       parse();
       return;
     }
-    lowest().expires_after(std::chrono::seconds(server_.options().idle_timeout_s));
+    deadline_in(server_.options().idle_timeout_s);
     read_more(true);
   }
 
@@ -552,7 +600,11 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
     parser_->eager(true);
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
-    lowest().expires_after(std::chrono::seconds(server_.options().read_timeout_s));
+    deadline_in(server_.options().read_timeout_s);
+  }
+
+  void deadline_in(int seconds) {
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   }
 
   // One read of what the socket has; `first`: the request's first bytes (the idle timeout
@@ -625,6 +677,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
       asio::post(self->stream_.get_executor(),
                  [self, reply = std::move(reply)]() mutable { self->write(std::move(reply)); });
     };
+    deadline_ = TimePoint::max();  // with the engine: a long poll may take its time
     server_.submit(std::move(call));
   }
 
@@ -654,6 +707,7 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
     out_ += std::to_string(reply.body.size());
     out_ += "\r\n\r\n";
     out_ += reply.body;
+    deadline_in(server_.options().read_timeout_s);  // a client that does not read its reply
     asio::async_write(stream_, asio::buffer(out_),
                       [self = this->shared_from_this()](beast::error_code ec, size_t) {
                         if (ec || !self->keep_alive_) {
@@ -666,12 +720,16 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
 
   auto& lowest() { return beast::get_lowest_layer(stream_); }
 
+ public:
+  auto executor() { return lowest().get_executor(); }
+
+ private:
   // TLS says close_notify first (for at most a second); then the socket is shut.
   void close() {
     if constexpr (kTls) {
       if (handshaken_) {
         handshaken_ = false;
-        lowest().expires_after(std::chrono::seconds(1));
+        deadline_in(1);
         stream_.async_shutdown(
             [self = this->shared_from_this()](beast::error_code) { self->drop(); });
         return;
@@ -682,12 +740,14 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
 
   void drop() {
     beast::error_code ignored;
-    lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
-    lowest().socket().close(ignored);
+    lowest().shutdown(tcp::socket::shutdown_send, ignored);
+    lowest().close(ignored);
   }
 
   Stream stream_;
   Impl& server_;
+  Sweeper& sweeper_;
+  TimePoint deadline_ = TimePoint::max();
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string out_;  // the reply being written
@@ -697,19 +757,26 @@ class HttpServer::Impl::Session : public std::enable_shared_from_this<Session<St
 };
 
 void HttpServer::Impl::do_accept() {
-  asio::io_context& io = *ios_[next_io_++ % ios_.size()];
-  acceptor_->async_accept(io, [this](beast::error_code ec, tcp::socket socket) {
+  const size_t which = next_io_++ % ios_.size();
+  acceptor_->async_accept(*ios_[which], [this, which](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_->is_open()) return;
     if (!ec) {
       if (static_cast<size_t>(connections_.load()) >= options_.max_connections) {
         socket.close(ec);  // over --max-connections: refused at once, costs nothing
       } else {
         socket.set_option(tcp::no_delay(true), ec);
+        Sweeper& sweeper = *sweepers_[which];
+        // Started on the connection's own I/O thread: from there on only it touches the
+        // session and that thread's sweeper.
+        auto start = [](auto session) {
+          auto executor = session->executor();
+          asio::post(executor, [session = std::move(session)] { session->start(); });
+        };
         if (tls_) {
-          using TlsSession = Session<beast::ssl_stream<beast::tcp_stream>>;
-          std::make_shared<TlsSession>(*this, std::move(socket), *tls_)->start();
+          using TlsSession = Session<beast::ssl_stream<tcp::socket>>;
+          start(std::make_shared<TlsSession>(*this, sweeper, std::move(socket), *tls_));
         } else {
-          std::make_shared<Session<beast::tcp_stream>>(*this, std::move(socket))->start();
+          start(std::make_shared<Session<tcp::socket>>(*this, sweeper, std::move(socket)));
         }
       }
     }

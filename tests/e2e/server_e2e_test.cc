@@ -798,3 +798,51 @@ TEST_F(Tls, BadTlsSettingsAreRefusedAtStartNamingTheFlag) {
 
 }  // namespace
 }  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+// Timeouts are deadlines checked by the I/O thread's sweeper: they cut silent connections, but
+// never a request that is with the engine (a long poll).
+class Timeouts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string run = kRun;
+    run.replace(run.find("timeout = 0.5"), 13, "timeout = 60");  // no lease expires here
+    config_ = dir_.write("run.toml", run);
+    server_ = ServerProcess::start(
+        {"--config", config_, "--in-memory", "--read-timeout", "1", "--idle-timeout", "1"});
+    ASSERT_NE(server_, nullptr);
+  }
+  TempDir dir_;
+  std::string config_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(Timeouts, AnIdleConnectionIsClosedAfterTheIdleTimeout) {
+  int fd = -1;
+  // One request answered, then silence: closed after ~1 s (we wait up to 10 s).
+  EXPECT_TRUE(testing::server_closes(server_->port(), "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                                     10000, &fd));
+}
+
+TEST_F(Timeouts, ALongPollOutlivesTheReadAndIdleTimeouts) {
+  // Two workers: one takes every job of epoch 0, so the other's acquire parks at the barrier
+  // for its whole wait (3 s, past both 1 s timeouts) and is answered "wait", not cut off.
+  ASSERT_TRUE(client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "a"})"));
+  ASSERT_TRUE(client::post(server_->url(), "/v1/runs/e2e/workers", R"({"name": "b"})"));
+  for (int i = 0; i < 15; ++i) {  // the 15 train jobs of epoch 0
+    auto r = client::post(server_->url(), "/v1/runs/e2e/acquire", R"({"worker": 0})");
+    ASSERT_TRUE(r) << r.error().message;
+  }
+  const std::string reply =
+      raw_exchange(server_->port(),
+                   "POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 30\r\n\r\n"
+                   R"({"worker": 1, "wait_ms": 3000})",
+                   8000);
+  EXPECT_NE(reply.find("HTTP/1.1 200"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("\"wait\""), std::string::npos) << reply;
+}
+
+}  // namespace
+}  // namespace traincoord
