@@ -575,7 +575,7 @@ void SimWorker::next_request() {
 
 // RESP commands made and replies parsed by hiredis (its format and reader functions); the
 // sockets are ours, so that all connections run on one thread as the other targets do.
-std::string resp(std::initializer_list<std::string> words) {
+std::string resp(const std::vector<std::string>& words) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (const std::string& w : words) {
@@ -703,17 +703,7 @@ class RedisLoad {
     for (uint64_t i = 0; i < jobs && !ec; i += 1000) {
       std::vector<std::string> words = {"RPUSH", "jobs"};
       for (uint64_t j = i; j < std::min(jobs, i + 1000); ++j) words.push_back(payload(j));
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
-      for (const std::string& w : words) {
-        argv.push_back(w.data());
-        lens.push_back(w.size());
-      }
-      char* out = nullptr;
-      const long long n =
-          redisFormatCommandArgv(&out, static_cast<int>(argv.size()), argv.data(), lens.data());
-      batch.append(out, static_cast<size_t>(n));
-      redisFreeCommand(out);
+      batch += resp(words);
       replies += 1;
       if (replies >= 50) flush();
     }
