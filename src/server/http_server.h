@@ -1,7 +1,9 @@
 // The coordinator on the network: HTTP/1.1 (keep-alive, pipelined requests answered in order)
-// with Boost.Beast. I/O threads parse requests and hand them, through one queue, to the engine
+// with Boost.Beast, optionally TLS. I/O threads parse requests and hand them to the engine
 // thread, which owns the Engine (no lock inside it), answers them in batches, and parks
-// long-polling acquires until there is work or their wait runs out.
+// long-polling acquires until there is work or their wait runs out. With one I/O thread (the
+// default) that thread is the engine thread too; with several, the engine has its own and
+// takes requests through one queue.
 #pragma once
 
 #include <cstddef>
