@@ -178,7 +178,15 @@ struct Report {
 
 // The phases of a measurement, shared by all connections of the one I/O thread.
 struct Window {
-  Clock::time_point start, measure_from, stop;
+  Clock::time_point measure_from, stop;
+  // From now: `warmup_s` unmeasured, then `seconds` measured.
+  void begin(double warmup_s, double seconds) {
+    auto s = [](double v) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(v));
+    };
+    measure_from = Clock::now() + s(warmup_s);
+    stop = measure_from + s(seconds);
+  }
   bool measuring(Clock::time_point now) const { return now >= measure_from && now < stop; }
 };
 
@@ -294,9 +302,7 @@ class TraincoordLoad {
   void registered() {
     if (++registered_ == args_.workers) {
       report_.rss_connected_kib = rss_kib(args_.server_pid);
-      window_.start = Clock::now();
-      window_.measure_from = window_.start + to_duration(args_.warmup);
-      window_.stop = window_.measure_from + to_duration(args_.seconds);
+      window_.begin(args_.warmup, args_.seconds);
       started_ = true;
       sample_cpu(window_.measure_from, -1);
       sample_cpu(window_.stop, +1);
@@ -310,9 +316,6 @@ class TraincoordLoad {
   }
 
  private:
-  static Clock::duration to_duration(double s) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  }
   static std::pair<std::string, std::string> split(std::string url) {
     if (url.rfind("http://", 0) == 0) url = url.substr(7);
     if (auto slash = url.find('/'); slash != std::string::npos) url = url.substr(0, slash);
@@ -631,11 +634,7 @@ class RedisLoad {
     for (int i = 0; i < args_.workers; ++i) {
       clients_.push_back(std::make_unique<RedisClient>(*this, io_));
     }
-    window_.start = Clock::now();
-    window_.measure_from = window_.start + std::chrono::duration_cast<Clock::duration>(
-                                               std::chrono::duration<double>(args_.warmup));
-    window_.stop = window_.measure_from + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double>(args_.seconds));
+    window_.begin(args_.warmup, args_.seconds);
     for (auto& c : clients_) c->start(endpoint_);
     asio::steady_timer from(io_, window_.measure_from), to(io_, window_.stop);
     from.async_wait([this](auto) {
