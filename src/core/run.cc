@@ -344,7 +344,7 @@ Job Run::job_of(LeaseId id) const {
   return out;
 }
 
-bool Run::take_open_job(WorkerId worker, Acquired* out) {
+bool Run::take_open_job(WorkerId worker, Job* out) {
   const bool overlap = config_.seed_compat || config_.overlap_epochs;
   for (int pass = 0; pass < 2; ++pass) {
     for (uint32_t slot : running_) {
@@ -358,8 +358,7 @@ bool Run::take_open_job(WorkerId worker, Acquired* out) {
       } else {
         continue;
       }
-      out->status = AcquireStatus::kJob;
-      out->job = hand_out(worker, slot, position);
+      *out = hand_out(worker, slot, position);
       return true;
     }
     // As the original did: with nothing open, overlap mode starts the next epoch at once.
@@ -375,7 +374,7 @@ TimeMs Run::retry_hint() const {
   return std::clamp<TimeMs>(soonest, 1, kMaxHint);
 }
 
-Result<Acquired> Run::acquire(WorkerId worker, uint64_t request) {
+Result<Acquired> Run::acquire(WorkerId worker, uint64_t request, uint32_t max_jobs) {
   expire_leases();
   auto w = worker_of(worker);
   if (!w) return tl::unexpected(w.error());
@@ -383,14 +382,24 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request) {
     (*w)->active = true;
     emit(EventKind::kWorkerJoined, "worker " + (*w)->name + " rejoined");
   }
+  max_jobs = std::max<uint32_t>(max_jobs, 1);
   Acquired out;
   if (request != 0 && request == (*w)->last_request && (*w)->last_request_lease != 0) {
-    auto it = leases_.find((*w)->last_request_lease);
-    if (it != leases_.end() && it->second.live && it->second.worker == worker) {
-      out.status = AcquireStatus::kJob;  // a retry: the job the first try handed out
-      out.job = job_of(it->first);
-      return out;
+    // A retry: the jobs the first try handed out, while their leases live. One call issues
+    // consecutive lease ids, so they are last_request_lease and the max_jobs - 1 after it (a
+    // retry comes before the worker's next acquire; a lease of another worker is skipped).
+    const LeaseId first = (*w)->last_request_lease;
+    for (LeaseId id = first; id < first + max_jobs && id <= last_lease_; ++id) {
+      auto it = leases_.find(id);
+      if (it == leases_.end() || !it->second.live || it->second.worker != worker) continue;
+      if (out.status == AcquireStatus::kJob) {
+        out.more.push_back(job_of(id));
+      } else {
+        out.status = AcquireStatus::kJob;
+        out.job = job_of(id);
+      }
     }
+    if (out.status == AcquireStatus::kJob) return out;
   }
   if (request != 0) {
     (*w)->last_request = request;
@@ -401,8 +410,14 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request) {
     out.state = state_;
     return out;
   }
-  if (take_open_job(worker, &out)) {
+  if (take_open_job(worker, &out.job)) {
+    out.status = AcquireStatus::kJob;
     if (request != 0) workers_[worker].last_request_lease = out.job.lease;
+    Job more;
+    while (out.more.size() + 1 < max_jobs && state_ == RunState::kRunning &&
+           take_open_job(worker, &more)) {
+      out.more.push_back(more);
+    }
     return out;
   }
   if (state_ != RunState::kRunning) {  // opening an epoch can find the schedule exhausted
@@ -413,6 +428,30 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request) {
   out.status = AcquireStatus::kWait;
   out.retry_after_ms = retry_hint();
   return out;
+}
+
+Result<void> Run::check_completion(WorkerId worker, LeaseId lease) const {
+  if (worker >= workers_.size()) {
+    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name);
+  }
+  const std::string& name = workers_[worker].name;
+  auto it = leases_.find(lease);
+  if (it != leases_.end()) {
+    if (it->second.worker == worker) return {};
+    return conflict("lease " + std::to_string(lease) + " belongs to worker " +
+                    workers_[it->second.worker].name + ", not to " + name);
+  }
+  if (lease == 0 || lease > last_lease_) {
+    return not_found("lease " + std::to_string(lease) + " was never issued by run " + config_.name);
+  }
+  const Resolved& r = history_.size() > lease % config_.lease_history
+                          ? history_[lease % config_.lease_history]
+                          : Resolved{};
+  if (r.lease == lease && r.worker != worker) {
+    return conflict("lease " + std::to_string(lease) + " belongs to worker " +
+                    workers_[r.worker].name + ", not to " + name);
+  }
+  return {};
 }
 
 void Run::count_completion(Epoch& e, const Completion& c) {

@@ -56,6 +56,7 @@ enum class AcquireStatus : uint8_t { kJob, kWait, kFinished };
 struct Acquired {
   AcquireStatus status = AcquireStatus::kWait;
   Job job;                              // when kJob
+  std::vector<Job> more;                // when kJob and more than one job was asked for
   TimeMs retry_after_ms = 0;            // when kWait: when it is worth asking again
   RunState state = RunState::kRunning;  // when kFinished: how the run ended
 };
@@ -141,7 +142,7 @@ struct WorkerInfo {
   uint64_t jobs_done = 0;
   std::vector<LeaseId> leases;     // live leases it holds
   uint64_t last_request = 0;       // the id of its last acquire that named one ...
-  LeaseId last_request_lease = 0;  // ... and the lease that acquire handed out (0: none)
+  LeaseId last_request_lease = 0;  // ... and the (first) lease that acquire handed out (0: none)
 };
 
 struct RunCounters {
@@ -215,7 +216,13 @@ class Run {
   // says the run is finished. Fails only for an unknown worker. `request` (0: none) makes a
   // retry idempotent: the same id again gives back the job the first try handed out, while
   // its lease lives, instead of a second job (the first reply may have been lost).
-  Result<Acquired> acquire(WorkerId worker, uint64_t request = 0);
+  // `max_jobs` > 1 hands out up to that many jobs at once (`job`, then `more`): a worker that
+  // holds its next job while it trains one never waits for a round trip.
+  Result<Acquired> acquire(WorkerId worker, uint64_t request = 0, uint32_t max_jobs = 1);
+  // Whether complete(worker, lease, ...) would be refused (an unknown worker, a lease never
+  // issued, another worker's lease), changing nothing: a list of completions is checked whole
+  // before any of it is applied.
+  Result<void> check_completion(WorkerId worker, LeaseId lease) const;
   // Reports a finished job. Fails for an unknown worker, a lease never issued (kNotFound), or
   // a lease of another worker (kConflict); a repeated or late completion is not an error.
   Result<Completed> complete(WorkerId worker, LeaseId lease, const Completion& completion);
@@ -274,7 +281,7 @@ class Run {
   };
 
   Result<WorkerInfo*> worker_of(WorkerId worker);
-  bool take_open_job(WorkerId worker, Acquired* out);
+  bool take_open_job(WorkerId worker, Job* out);
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
   Job job_of(LeaseId id) const;
   bool open_next_epoch();

@@ -31,34 +31,39 @@ int http_status(ErrorCode code) {
 
 HttpReply ok(JsonWriter& json) { return HttpReply{200, json.str(), {}, "application/json"}; }
 
-// A parsed JSON request body. Every field read is remembered, so that a field the endpoint does
-// not know is refused by name (a typo such as "sample" must not be silently ignored).
-class Body {
- public:
-  static Result<Body> parse(const std::string& text) {
-    Body b;
-    if (text.empty()) {
-      b.doc_.SetObject();
-      return b;
-    }
-    // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
-    b.doc_.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(text.data(),
-                                                                                  text.size());
-    if (b.doc_.HasParseError()) {
-      return invalid_argument(
-          "", "the body is not valid JSON: " +
-                  std::string(rapidjson::GetParseError_En(b.doc_.GetParseError())) + " at offset " +
-                  std::to_string(b.doc_.GetErrorOffset()));
-    }
-    if (!b.doc_.IsObject()) return invalid_argument("", "the body must be a JSON object");
-    return b;
+// A JSON request body, parsed.
+Result<rapidjson::Document> parse_body(const std::string& text) {
+  rapidjson::Document doc;
+  if (text.empty()) {
+    doc.SetObject();
+    return doc;
   }
+  // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
+  doc.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(text.data(),
+                                                                             text.size());
+  if (doc.HasParseError()) {
+    return invalid_argument("", "the body is not valid JSON: " +
+                                    std::string(rapidjson::GetParseError_En(doc.GetParseError())) +
+                                    " at offset " + std::to_string(doc.GetErrorOffset()));
+  }
+  if (!doc.IsObject()) return invalid_argument("", "the body must be a JSON object");
+  return doc;
+}
+
+// The fields of a JSON object (a body, or an item of a list in it). Every field read is
+// remembered, so that a field the endpoint does not know is refused by name (a typo such as
+// "sample" must not be silently ignored).
+class Fields {
+ public:
+  explicit Fields(const rapidjson::Value& object) : object_(object) {}
 
   const rapidjson::Value* get(const char* key) {
     known_.push_back(key);
-    auto it = doc_.FindMember(key);
-    return it == doc_.MemberEnd() ? nullptr : &it->value;
+    auto it = object_.FindMember(key);
+    return it == object_.MemberEnd() ? nullptr : &it->value;
   }
+
+  bool has(const char* key) const { return object_.HasMember(key); }
 
   Result<uint64_t> uint(const char* key, std::optional<uint64_t> fallback = std::nullopt,
                         uint64_t max = uint64_t{1} << 53) {
@@ -106,7 +111,7 @@ class Body {
   }
 
   Result<void> no_unknown_fields() const {
-    for (auto it = doc_.MemberBegin(); it != doc_.MemberEnd(); ++it) {
+    for (auto it = object_.MemberBegin(); it != object_.MemberEnd(); ++it) {
       const std::string_view name(it->name.GetString(), it->name.GetStringLength());
       if (std::find(known_.begin(), known_.end(), name) == known_.end()) {
         return invalid_argument(std::string(name),
@@ -117,7 +122,7 @@ class Body {
   }
 
  private:
-  rapidjson::Document doc_;
+  const rapidjson::Value& object_;
   // The keys read: literals, a handful per endpoint, so a short list scanned beats a set of
   // strings (which cost an allocation per field per request on the hot path).
   std::vector<std::string_view> known_;
@@ -135,7 +140,7 @@ class Body {
 
 constexpr size_t kMaxMetrics = 32;
 
-Result<Completion> read_completion(Body& body) {
+Result<Completion> read_completion(Fields& body) {
   Completion c;
   auto loss = body.number("loss");
   if (!loss) return tl::unexpected(loss.error());
@@ -160,6 +165,52 @@ Result<Completion> read_completion(Body& body) {
     }
   }
   return c;
+}
+
+// Jobs one request may take ("jobs") or complete ("completions").
+constexpr uint64_t kMaxJobsPerRequest = 64;
+
+using LeaseCompletion = std::pair<LeaseId, Completion>;
+
+// "completions": [{"lease": L, "loss": X, "samples": N, "metrics": {...}}, ...], each item
+// checked as the single form is; an error names the item ("completions[2].loss").
+Result<std::vector<LeaseCompletion>> read_completions(Fields& body) {
+  const rapidjson::Value* list = body.get("completions");
+  if (!list->IsArray() || list->Empty() || list->Size() > kMaxJobsPerRequest) {
+    return invalid_argument(
+        "completions", "completions must be a list of 1 to " + std::to_string(kMaxJobsPerRequest) +
+                           " objects {\"lease\": L, \"loss\": X, \"samples\": N}");
+  }
+  std::vector<LeaseCompletion> items;
+  items.reserve(list->Size());
+  for (rapidjson::SizeType i = 0; i < list->Size(); ++i) {
+    const rapidjson::Value& item = (*list)[i];
+    const std::string where = "completions[" + std::to_string(i) + "]";
+    if (!item.IsObject()) return invalid_argument(where, where + " must be an object");
+    Fields fields(item);
+    auto lease = fields.uint("lease");
+    Result<Completion> completion = Completion{};
+    if (lease) completion = read_completion(fields);
+    Result<void> unknown = completion ? fields.no_unknown_fields() : Result<void>{};
+    for (const Error* e :
+         {lease ? nullptr : &lease.error(), completion ? nullptr : &completion.error(),
+          unknown ? nullptr : &unknown.error()}) {
+      if (e) return invalid_argument(where + "." + e->field, where + ": " + e->message);
+    }
+    items.emplace_back(*lease, std::move(*completion));
+  }
+  return items;
+}
+
+// "jobs": N (1 to 64): hand out up to N jobs, listed under "jobs". 0: not asked (one, "job").
+Result<uint64_t> read_jobs(Fields& body) {
+  if (!body.has("jobs")) return uint64_t{0};
+  auto jobs = body.uint("jobs", std::nullopt, kMaxJobsPerRequest);
+  if (jobs && *jobs == 0) {
+    return invalid_argument(
+        "jobs", "jobs must be an integer from 1 to " + std::to_string(kMaxJobsPerRequest));
+  }
+  return jobs;
 }
 
 std::string_view order_name(BatchOrder o) {
@@ -190,13 +241,21 @@ void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
   j.end_object();
 }
 
-void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now) {
+// `listed`: the acquire asked for "jobs": N, and the reply lists them under "jobs".
+void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now, bool listed) {
   j.begin_object();
   switch (a.status) {
     case AcquireStatus::kJob:
       j.field("status", "job");
-      j.key("job");
-      write_job(j, run, a.job, now);
+      if (listed) {
+        j.key("jobs").begin_array();
+        write_job(j, run, a.job, now);
+        for (const Job& more : a.more) write_job(j, run, more, now);
+        j.end_array();
+      } else {
+        j.key("job");
+        write_job(j, run, a.job, now);
+      }
       break;
     case AcquireStatus::kWait:
       j.field("status", "wait");
@@ -216,17 +275,34 @@ void write_completed(JsonWriter& j, const Completed& c) {
   j.field("counted", c.counted());
 }
 
-HttpReply acquired_reply(const Run& run, const std::optional<Completed>& completed,
-                         const Acquired& a, TimeMs now) {
-  JsonWriter j;
-  if (completed) {
+void write_outcomes(JsonWriter& j, const std::vector<Completed>& outcomes) {
+  j.key("outcomes").begin_array();
+  for (const Completed& c : outcomes) {
     j.begin_object();
-    write_completed(j, *completed);
+    write_completed(j, c);
+    j.end_object();
+  }
+  j.end_array();
+}
+
+// The reply to an acquire, or to a complete with "next" (its outcomes first, the acquire under
+// "next"); `shape` says which, and whether jobs are listed.
+HttpReply acquired_reply(const Run& run, const ParkedAcquire& shape, const Acquired& a,
+                         TimeMs now) {
+  JsonWriter j;
+  const bool listed = shape.max_jobs > 0;
+  if (shape.completed || shape.outcomes) {
+    j.begin_object();
+    if (shape.completed) {
+      write_completed(j, *shape.completed);
+    } else {
+      write_outcomes(j, *shape.outcomes);
+    }
     j.key("next");
-    write_acquired(j, run, a, now);
+    write_acquired(j, run, a, now, listed);
     j.end_object();
   } else {
-    write_acquired(j, run, a, now);
+    write_acquired(j, run, a, now, listed);
   }
   return ok(j);
 }
@@ -487,7 +563,7 @@ HttpReply method_not_allowed(std::string_view allow, std::string_view method) {
   return r;
 }
 
-Result<WorkerId> worker_field(Body& body, const Run& run) {
+Result<WorkerId> worker_field(Fields& body, const Run& run) {
   auto w = body.uint("worker", std::nullopt, UINT32_MAX);
   if (!w) return tl::unexpected(w.error());
   if (*w >= run.workers().size()) {
@@ -532,6 +608,29 @@ Result<Completed> Api::complete(Run& run, WorkerId worker, LeaseId lease,
     observer_->completion_accepted(run, worker, lease, *done, completion, clock_.now());
   }
   return done;
+}
+
+Result<std::vector<Completed>> Api::complete_all(Run& run, WorkerId worker,
+                                                 const std::vector<LeaseCompletion>& items) {
+  // All or nothing: a list with a lease that would be refused changes nothing (complete() on
+  // that lease gives the refusal, with the counters a single refused completion bumps).
+  if (items.size() > 1) {
+    for (const auto& [lease, completion] : items) {
+      if (!run.check_completion(worker, lease)) {
+        auto refused = run.complete(worker, lease, completion);
+        TC_ASSERT(!refused);
+        return tl::unexpected(refused.error());
+      }
+    }
+  }
+  std::vector<Completed> outcomes;
+  outcomes.reserve(items.size());
+  for (const auto& [lease, completion] : items) {
+    auto done = complete(run, worker, lease, completion);
+    if (!done) return tl::unexpected(done.error());
+    outcomes.push_back(*done);
+  }
+  return outcomes;
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
@@ -710,10 +809,11 @@ std::string_view Api::run_of(std::string_view target) {
 std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out) {
   auto run = engine_.find(parked.run);
   if (!run) return error_reply(run.error());
-  auto a = (*run)->acquire(parked.worker, parked.request);
+  auto a = (*run)->acquire(parked.worker, parked.request,
+                           static_cast<uint32_t>(std::max<uint64_t>(parked.max_jobs, 1)));
   if (!a) return error_reply(a.error());
   if (a->status == AcquireStatus::kWait && !timed_out) return std::nullopt;
-  return acquired_reply(**run, parked.completed, *a, clock_.now());
+  return acquired_reply(**run, parked, *a, clock_.now());
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
@@ -805,7 +905,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }
   if (m != "POST") return method_not_allowed("POST", m);
-  TC_TRY_ASSIGN(body, Body::parse(req.body));
+  TC_TRY_ASSIGN(doc, parse_body(req.body));
+  Fields body(doc);
 
   if (action == "cancel") {
     TC_TRY_ASSIGN(reason, body.string("reason", std::string("cancelled through the API")));
@@ -900,43 +1001,73 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     return ok(j);
   }
 
-  // acquire, complete (with "next": true, complete + acquire)
-  std::optional<Completed> completed;
+  // acquire, complete (with "next": true, complete + acquire); "jobs": N for several at once
+  ParkedAcquire acquiring;
+  acquiring.run = run.config().name;
+  acquiring.worker = worker;
   if (action == "complete") {
-    TC_TRY_ASSIGN(lease, body.uint("lease"));
-    TC_TRY_ASSIGN(completion, read_completion(body));
+    std::vector<LeaseCompletion> items;
+    const bool listed = body.has("completions");
+    if (listed) {
+      for (const char* single : {"lease", "loss", "samples", "metrics"}) {
+        if (body.has(single)) {
+          return error_reply(400, "invalid_argument",
+                             std::string(single) +
+                                 " goes in each item of completions, not "
+                                 "beside the list",
+                             single);
+        }
+      }
+      TC_TRY_ASSIGN(list, read_completions(body));
+      items = std::move(list);
+    } else {
+      TC_TRY_ASSIGN(lease, body.uint("lease"));
+      TC_TRY_ASSIGN(completion, read_completion(body));
+      items.emplace_back(lease, std::move(completion));
+    }
     TC_TRY_ASSIGN(next, body.boolean("next", false));
     if (!next) {
+      if (body.has("jobs")) {
+        return error_reply(400, "invalid_argument", "jobs needs \"next\": true", "jobs");
+      }
       TC_TRY_REPLY(body.no_unknown_fields());
-      TC_TRY_ASSIGN(done, complete(run, worker, lease, completion));
+      TC_TRY_ASSIGN(outcomes, complete_all(run, worker, items));
       JsonWriter j;
       j.begin_object();
-      write_completed(j, done);
+      if (listed) {
+        write_outcomes(j, outcomes);
+      } else {
+        write_completed(j, outcomes.front());
+      }
       j.end_object();
       return ok(j);
     }
     TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
     TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
+    TC_TRY_ASSIGN(jobs, read_jobs(body));
     TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(done, complete(run, worker, lease, completion));
-    completed = done;
-    TC_TRY_ASSIGN(a, run.acquire(worker, request));
-    if (a.status == AcquireStatus::kWait && wait_ms > 0) {
-      return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms), completed,
-                           request};
+    TC_TRY_ASSIGN(outcomes, complete_all(run, worker, items));
+    if (listed) {
+      acquiring.outcomes = std::move(outcomes);
+    } else {
+      acquiring.completed = outcomes.front();
     }
-    return acquired_reply(run, completed, a, now);
+    acquiring.deadline = now + static_cast<TimeMs>(wait_ms);
+    acquiring.request = request;
+    acquiring.max_jobs = jobs;
+  } else {
+    TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+    TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
+    TC_TRY_ASSIGN(jobs, read_jobs(body));
+    TC_TRY_REPLY(body.no_unknown_fields());
+    acquiring.deadline = now + static_cast<TimeMs>(wait_ms);
+    acquiring.request = request;
+    acquiring.max_jobs = jobs;
   }
-  // acquire
-  TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
-  TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
-  TC_TRY_REPLY(body.no_unknown_fields());
-  TC_TRY_ASSIGN(a, run.acquire(worker, request));
-  if (a.status == AcquireStatus::kWait && wait_ms > 0) {
-    return ParkedAcquire{run.config().name, worker, now + static_cast<TimeMs>(wait_ms),
-                         std::nullopt, request};
-  }
-  return acquired_reply(run, std::nullopt, a, now);
+  TC_TRY_ASSIGN(a, run.acquire(worker, acquiring.request,
+                               static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
+  if (a.status == AcquireStatus::kWait && acquiring.deadline > now) return acquiring;
+  return acquired_reply(run, acquiring, a, now);
 }
 
 }  // namespace traincoord

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -36,8 +37,10 @@ struct ParkedAcquire {
   std::string run;
   WorkerId worker = 0;
   TimeMs deadline = 0;
-  std::optional<Completed> completed;  // when it came with a completion (complete + next)
-  uint64_t request = 0;                // the acquire's idempotency id (0: none)
+  std::optional<Completed> completed;  // when it came with a completion (complete + next) ...
+  std::optional<std::vector<Completed>> outcomes;  // ... or with a list of completions
+  uint64_t request = 0;                            // the acquire's idempotency id (0: none)
+  uint64_t max_jobs = 0;  // "jobs": up to this many, listed (0: not asked; one, as "job")
 };
 
 // What the durable store wants to hear from the API, beyond the log of requests.
@@ -97,6 +100,9 @@ class Api {
 
   Result<Completed> complete(Run& run, WorkerId worker, LeaseId lease,
                              const Completion& completion);
+  // Several completions, all or nothing: none is applied when one would be refused.
+  Result<std::vector<Completed>> complete_all(
+      Run& run, WorkerId worker, const std::vector<std::pair<LeaseId, Completion>>& items);
 
   Engine& engine_;
   const Clock& clock_;

@@ -105,6 +105,93 @@ TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
   EXPECT_EQ(status["progress"]["jobs_running"].GetUint64(), 1u);
 }
 
+TEST_F(ApiTest, SeveralJobsPerRequestAreHandedOutAndCompletedAsAList) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 3, "request": 7})");
+  ASSERT_STREQ(a["status"].GetString(), "job");
+  ASSERT_TRUE(a["jobs"].IsArray());
+  ASSERT_EQ(a["jobs"].Size(), 3u);
+  EXPECT_FALSE(a.HasMember("job"));
+  for (rapidjson::SizeType i = 0; i < 3; ++i) {
+    EXPECT_EQ(a["jobs"][i]["lease"].GetUint64(), i + 1);
+    EXPECT_EQ(a["jobs"][i]["index"].GetUint64(), i);
+  }
+  // A retry of the same request (its reply lost) gets the same three jobs, not three more.
+  auto again = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 3, "request": 7})");
+  ASSERT_EQ(again["jobs"].Size(), 3u);
+  for (rapidjson::SizeType i = 0; i < 3; ++i)
+    EXPECT_EQ(again["jobs"][i]["lease"].GetUint64(), i + 1);
+
+  // Two completed, and the next jobs asked for: only one train job is left before the barrier.
+  auto c = json("POST", "/v1/runs/r/complete", R"({"worker": 0, "completions": [
+      {"lease": 1, "loss": 0.5, "samples": 8}, {"lease": 2, "loss": 0.7, "samples": 8,
+      "metrics": {"accuracy": 0.9}}], "next": true, "jobs": 2})");
+  ASSERT_EQ(c["outcomes"].Size(), 2u);
+  EXPECT_STREQ(c["outcomes"][0]["outcome"].GetString(), "accepted");
+  EXPECT_TRUE(c["outcomes"][1]["counted"].GetBool());
+  ASSERT_STREQ(c["next"]["status"].GetString(), "job");
+  ASSERT_EQ(c["next"]["jobs"].Size(), 1u);
+  EXPECT_EQ(c["next"]["jobs"][0]["index"].GetUint64(), 3u);
+  // A repeated list: duplicates, counted once.
+  auto dup = json("POST", "/v1/runs/r/complete",
+                  R"({"worker": 0, "completions": [{"lease": 1, "loss": 0.5}]})");
+  EXPECT_STREQ(dup["outcomes"][0]["outcome"].GetString(), "duplicate");
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 2u);
+}
+
+TEST_F(ApiTest, AListOfCompletionsIsAllOrNothing) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 2})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 1})");
+  // A lease never issued, another worker's lease: refused whole, lease 1 not counted either.
+  json("POST", "/v1/runs/r/complete",
+       R"({"worker": 0, "completions": [{"lease": 1, "loss": 1}, {"lease": 42, "loss": 1}]})", 404);
+  auto foreign = json("POST", "/v1/runs/r/complete",
+                      R"({"worker": 0, "completions": [{"lease": 1, "loss": 1},
+                          {"lease": 3, "loss": 1}]})",
+                      409);
+  EXPECT_STREQ(foreign["error"]["code"].GetString(), "conflict");
+  auto item = json("POST", "/v1/runs/r/complete",
+                   R"({"worker": 0, "completions": [{"lease": 1, "loss": 1}, {"lease": 2}]})", 400);
+  EXPECT_STREQ(item["error"]["field"].GetString(), "completions[1].loss");
+  auto typo = json("POST", "/v1/runs/r/complete",
+                   R"({"worker": 0, "completions": [{"lease": 1, "loss": 1, "sample": 3}]})", 400);
+  EXPECT_STREQ(typo["error"]["field"].GetString(), "completions[0].sample");
+  auto beside = json("POST", "/v1/runs/r/complete",
+                     R"({"worker": 0, "lease": 1, "completions": [{"lease": 1, "loss": 1}]})", 400);
+  EXPECT_STREQ(beside["error"]["field"].GetString(), "lease");
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "completions": []})", 400);
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "completions": [7]})", 400);
+  auto no_next = json("POST", "/v1/runs/r/complete",
+                      R"({"worker": 0, "lease": 1, "loss": 1, "jobs": 2})", 400);
+  EXPECT_STREQ(no_next["error"]["field"].GetString(), "jobs");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 0})", 400);
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 65})", 400);
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
+  EXPECT_EQ(status["progress"]["jobs_running"].GetUint64(), 3u);
+}
+
+TEST_F(ApiTest, AParkedAcquireForSeveralJobsIsAnsweredWithAList) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 4})");
+  auto parked = api_.handle(
+      {"POST", "/v1/runs/r/acquire", R"({"worker": 1, "wait_ms": 5000, "jobs": 2})", {}});
+  ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(parked));
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "completions": [{"lease": 1, "loss": 1},
+       {"lease": 2, "loss": 1}, {"lease": 3, "loss": 1}, {"lease": 4, "loss": 1}]})");
+  auto answer = api_.retry(std::get<ParkedAcquire>(parked), false);
+  ASSERT_TRUE(answer.has_value());
+  rapidjson::Document d;
+  d.Parse(answer->body.c_str());
+  ASSERT_STREQ(d["status"].GetString(), "job");
+  ASSERT_EQ(d["jobs"].Size(), 2u);  // the dev epoch: its two jobs
+  EXPECT_STREQ(d["jobs"][1]["set"].GetString(), "dev");
+}
+
 TEST_F(ApiTest, NonFiniteLossesAreAcceptedAsData) {
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
