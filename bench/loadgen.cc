@@ -62,6 +62,7 @@ struct Args {
   double lease_timeout_s = 60;
   int server_pid = 0;  // > 0: sample its memory (VmRSS) before and after connecting
   double job_ms = 0;   // each worker "trains" this long on a job before completing it
+  int jobs_per_request = 1;  // > 1: each request completes and takes this many ("jobs": N)
   bool json = false;
 };
 
@@ -117,7 +118,9 @@ struct Report {
   int workers = 0;
   double job_ms = 0;
   double seconds = 0;
-  uint64_t cycles = 0;  // in the measured window
+  uint64_t cycles = 0;  // in the measured window: jobs completed
+  uint64_t requests = 0;  // ... and the complete-and-acquire requests that carried them
+  int jobs_per_request = 1;
   uint64_t heartbeats = 0;
   uint64_t errors = 0;
   std::vector<std::string> violations;
@@ -138,7 +141,9 @@ struct Report {
       w.begin_object();
       w.key("target").value(target).key("workers").value(workers).key("seconds").value(seconds);
       w.key("job_ms").value(job_ms);
+      w.key("jobs_per_request").value(jobs_per_request);
       w.key("cycles").value(cycles).key("cycles_per_s").value(rate);
+      w.key("requests_per_s").value(seconds > 0 ? static_cast<double>(requests) / seconds : 0);
       w.key("p50_us").value(us(0.5)).key("p99_us").value(us(0.99));
       w.key("p999_us").value(us(0.999)).key("max_us").value(static_cast<double>(latency.max()) /
                                                             1000.0);
@@ -161,6 +166,10 @@ struct Report {
                   target.c_str(), workers, job_ms, seconds, cycles, rate, us(0.5), us(0.99),
                   us(0.999), static_cast<double>(latency.max()) / 1000.0, heartbeats, errors,
                   epochs_checked, violations.size());
+      if (jobs_per_request > 1) {
+        std::printf("  %d jobs per request: %.0f requests/s; latency is a request's\n",
+                    jobs_per_request, seconds > 0 ? static_cast<double>(requests) / seconds : 0);
+      }
       std::printf("  CPU per job cycle: server %.1f us, load generator %.1f us\n",
                   per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s));
       if (rss_before_kib > 0) {
@@ -241,6 +250,8 @@ class SimWorker {
   void on_reply(int status, const std::string& body);
   void next_request();
   bool on_acquire_reply(const rapidjson::Value& reply);
+  void take(const rapidjson::Value& job);
+  std::string completions() const;
 
   TraincoordLoad& load_;
   tcp::socket socket_;
@@ -253,13 +264,15 @@ class SimWorker {
   int64_t id_ = -1;
   Clock::time_point next_heartbeat_;
   std::chrono::milliseconds heartbeat_interval_{20'000};
-  // The job held: lease, epoch, index, batches.
-  bool holding_ = false;
-  bool trained_ = false;  // the held job's training time is over
+  // The jobs held (up to --jobs-per-request), trained one after the other.
+  struct Held {
+    uint64_t lease = 0, index = 0;
+    int64_t epoch = 0;
+    std::vector<uint64_t> batches;
+  };
+  std::vector<Held> held_;
+  bool trained_ = false;  // the held jobs' training time is over
   std::mt19937_64 random_;
-  uint64_t lease_ = 0, index_ = 0;
-  int64_t epoch_ = 0;
-  std::vector<uint64_t> batches_;
   bool done_ = false;
 };
 
@@ -276,6 +289,7 @@ class TraincoordLoad {
 
     report_.target = "traincoord";
     report_.job_ms = args_.job_ms;
+    report_.jobs_per_request = args_.jobs_per_request;
     report_.workers = args_.workers;
     report_.rss_before_kib = rss_kib(args_.server_pid);
     for (int i = 0; i < args_.workers; ++i) {
@@ -310,6 +324,7 @@ class TraincoordLoad {
   }
   bool started() const { return started_; }
   double job_ms() const { return args_.job_ms; }
+  int jobs_per_request() const { return args_.jobs_per_request; }
   void fail(const std::string& why) {
     report_.errors += 1;
     if (report_.errors <= 5) std::fprintf(stderr, "loadgen: %s\n", why.c_str());
@@ -477,17 +492,24 @@ void SimWorker::on_reply(int status, const std::string& body) {
       break;
     case Sent::kComplete: {
       if (load_.window().measuring(sent_at_)) {
-        load_.report().cycles += 1;
+        load_.report().cycles += held_.size();
+        load_.report().requests += 1;
         load_.report().latency.record(took);
       }
-      load_.checker().released(epoch_, index_);
-      holding_ = false;
-      const std::string outcome = d["outcome"].GetString();
-      if (outcome == "accepted") {
-        for (uint64_t b : batches_) load_.checker().counted(epoch_, b);
-      } else {
-        load_.fail("completion of lease " + std::to_string(lease_) + ": " + outcome);
+      const bool listed = load_.jobs_per_request() > 1;
+      for (size_t i = 0; i < held_.size(); ++i) {
+        const Held& h = held_[i];
+        load_.checker().released(h.epoch, h.index);
+        const std::string outcome =
+            listed ? d["outcomes"][static_cast<rapidjson::SizeType>(i)]["outcome"].GetString()
+                   : d["outcome"].GetString();
+        if (outcome == "accepted") {
+          for (uint64_t b : h.batches) load_.checker().counted(h.epoch, b);
+        } else {
+          load_.fail("completion of lease " + std::to_string(h.lease) + ": " + outcome);
+        }
       }
+      held_.clear();
       if (d.HasMember("next") && !on_acquire_reply(d["next"])) return;
       break;
     }
@@ -499,15 +521,12 @@ void SimWorker::on_reply(int status, const std::string& body) {
 bool SimWorker::on_acquire_reply(const rapidjson::Value& reply) {
   const std::string state = reply["status"].GetString();
   if (state == "job") {
-    const auto& job = reply["job"];
-    lease_ = job["lease"].GetUint64();
-    epoch_ = job["epoch"].GetInt64();
-    index_ = job["index"].GetUint64();
-    batches_.clear();
-    for (const auto& b : job["batches"].GetArray()) batches_.push_back(b.GetUint64());
-    holding_ = true;
+    if (load_.jobs_per_request() > 1) {
+      for (const auto& job : reply["jobs"].GetArray()) take(job);
+    } else {
+      take(reply["job"]);
+    }
     trained_ = load_.job_ms() <= 0;
-    load_.checker().handed(epoch_, index_, lease_);
     return true;
   }
   if (state == "finished") {
@@ -517,6 +536,29 @@ bool SimWorker::on_acquire_reply(const rapidjson::Value& reply) {
     return false;
   }
   return true;  // wait: ask again (long-polled)
+}
+
+void SimWorker::take(const rapidjson::Value& job) {
+  Held h;
+  h.lease = job["lease"].GetUint64();
+  h.epoch = job["epoch"].GetInt64();
+  h.index = job["index"].GetUint64();
+  for (const auto& b : job["batches"].GetArray()) h.batches.push_back(b.GetUint64());
+  load_.checker().handed(h.epoch, h.index, h.lease);
+  held_.push_back(std::move(h));
+}
+
+// The completion fields of the held jobs: one lease, or a "completions" list.
+std::string SimWorker::completions() const {
+  if (load_.jobs_per_request() <= 1) {
+    return "\"lease\":" + std::to_string(held_.front().lease) + ",\"loss\":0.5,\"samples\":32";
+  }
+  std::string list = "\"completions\":[";
+  for (const Held& h : held_) {
+    if (list.back() != '[') list += ',';
+    list += "{\"lease\":" + std::to_string(h.lease) + ",\"loss\":0.5,\"samples\":32}";
+  }
+  return list + "]";
 }
 
 void SimWorker::next_request() {
@@ -532,17 +574,19 @@ void SimWorker::next_request() {
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + heartbeat_interval_;
     std::string body = "{\"worker\":" + std::to_string(id_) + ",\"leases\":[";
-    if (holding_) body += std::to_string(lease_);
+    for (const Held& h : held_) {
+      if (body.back() != '[') body += ',';
+      body += std::to_string(h.lease);
+    }
     body += "]}";
     send(Sent::kHeartbeat, post(load_.host(), run + "/heartbeat", body));
     return;
   }
   if (load_.stopping(now)) {
     // Hand the held job back complete, ask for no next one, and stop.
-    if (holding_) {
+    if (!held_.empty()) {
       send(Sent::kComplete, post(load_.host(), run + "/complete",
-                                 "{\"worker\":" + std::to_string(id_) + ",\"lease\":" +
-                                     std::to_string(lease_) + ",\"loss\":0.5,\"samples\":32}"));
+                                 "{\"worker\":" + std::to_string(id_) + "," + completions() + "}"));
       return;
     }
     done_ = true;
@@ -551,10 +595,13 @@ void SimWorker::next_request() {
     socket_.close(ignored);
     return;
   }
-  if (holding_ && !trained_) {
-    // Uniform in [0.5, 1.5] x --job-ms: real jobs vary, and workers that all started together
-    // drift apart instead of arriving in lockstep waves.
-    const double ms = load_.job_ms() * std::uniform_real_distribution<double>(0.5, 1.5)(random_);
+  if (!held_.empty() && !trained_) {
+    // Uniform in [0.5, 1.5] x --job-ms per job: real jobs vary, and workers that all started
+    // together drift apart instead of arriving in lockstep waves.
+    double ms = 0;
+    for (size_t i = 0; i < held_.size(); ++i) {
+      ms += load_.job_ms() * std::uniform_real_distribution<double>(0.5, 1.5)(random_);
+    }
     auto timer = std::make_shared<asio::steady_timer>(
         socket_.get_executor(), std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
     timer->async_wait([this, timer](auto) {
@@ -563,15 +610,18 @@ void SimWorker::next_request() {
     });
     return;
   }
-  if (!holding_) {
+  const std::string jobs = load_.jobs_per_request() > 1
+                               ? ",\"jobs\":" + std::to_string(load_.jobs_per_request())
+                               : std::string();
+  if (held_.empty()) {
     send(Sent::kAcquire, post(load_.host(), run + "/acquire",
-                              "{\"worker\":" + std::to_string(id_) + ",\"wait_ms\":1000}"));
+                              "{\"worker\":" + std::to_string(id_) + ",\"wait_ms\":1000" + jobs +
+                                  "}"));
     return;
   }
-  send(Sent::kComplete,
-       post(load_.host(), run + "/complete",
-            "{\"worker\":" + std::to_string(id_) + ",\"lease\":" + std::to_string(lease_) +
-                ",\"loss\":0.5,\"samples\":32,\"next\":true,\"wait_ms\":1000}"));
+  send(Sent::kComplete, post(load_.host(), run + "/complete",
+                             "{\"worker\":" + std::to_string(id_) + "," + completions() +
+                                 ",\"next\":true,\"wait_ms\":1000" + jobs + "}"));
 }
 
 // ---- Redis ----------------------------------------------------------------------------------
@@ -613,9 +663,9 @@ class RedisClient {
   redisReader* reader_;
   std::string out_;
   char buf_[8192];
-  bool acking_ = false, taking_ = false;  // what the request in flight does
-  int replies_ = 0;                       // its replies read so far
-  std::string job_;                       // the job held (empty: none)
+  size_t acking_ = 0, taking_ = 0;  // what the request in flight does: jobs acked, taken
+  size_t replies_ = 0;              // its replies read so far
+  std::vector<std::string> jobs_;   // the jobs held
   Clock::time_point sent_at_;
   bool done_ = false;
 };
@@ -631,6 +681,7 @@ class RedisLoad {
     if (!preload(jobs)) return 1;
     report_.target = "redis";
     report_.workers = args_.workers;
+    report_.jobs_per_request = args_.jobs_per_request;
     for (int i = 0; i < args_.workers; ++i) {
       clients_.push_back(std::make_unique<RedisClient>(*this, io_));
     }
@@ -652,6 +703,7 @@ class RedisLoad {
   }
 
   Report& report() { return report_; }
+  size_t jobs_per_request() const { return static_cast<size_t>(args_.jobs_per_request); }
   const Window& window() const { return window_; }
   // A job taken: it must not have been taken before.
   void took(const std::string& job) {
@@ -731,18 +783,19 @@ void RedisClient::start(const tcp::endpoint& endpoint) {
   });
 }
 
-// Acknowledge the job held (its result, then off the processing list) and take the next, in
-// one round trip.
+// Acknowledge the jobs held (each its result, then off the processing list) and take the next
+// ones, in one round trip: all commands pipelined in one write (with --jobs-per-request K, K
+// LMOVEs, as a user batching a Redis queue would).
 void RedisClient::cycle() {
   const auto now = Clock::now();
   out_.clear();
-  acking_ = !job_.empty();
-  taking_ = now < load_.window().stop;
-  if (acking_) {
-    out_ += resp({"HSET", "results", job_, "0.5"});
-    out_ += resp({"LREM", "processing", "1", job_});
+  acking_ = jobs_.size();
+  taking_ = now < load_.window().stop ? load_.jobs_per_request() : 0;
+  for (const std::string& job : jobs_) {
+    out_ += resp({"HSET", "results", job, "0.5"});
+    out_ += resp({"LREM", "processing", "1", job});
   }
-  if (taking_) out_ += resp({"LMOVE", "jobs", "processing", "LEFT", "RIGHT"});
+  for (size_t i = 0; i < taking_; ++i) out_ += resp({"LMOVE", "jobs", "processing", "LEFT", "RIGHT"});
   if (out_.empty()) {
     done_ = true;
     socket_.close();
@@ -767,32 +820,34 @@ void RedisClient::read() {
   });
 }
 
-// Replies come in the order of the commands: HSET and LREM (when acknowledging), then LMOVE.
+// Replies come in the order of the commands: HSET and LREM per job acknowledged, then LMOVEs.
 void RedisClient::on_replies() {
-  const int expected = (acking_ ? 2 : 0) + (taking_ ? 1 : 0);
+  const size_t expected = 2 * acking_ + taking_;
   void* raw = nullptr;
   while (replies_ < expected && redisReaderGetReply(reader_, &raw) == REDIS_OK && raw) {
     auto* reply = static_cast<redisReply*>(raw);
     if (reply->type == REDIS_REPLY_ERROR) load_.fail(std::string("redis: ") + reply->str);
-    if (acking_ && replies_ == 1 && (reply->type != REDIS_REPLY_INTEGER || reply->integer != 1)) {
-      load_.fail("job " + job_ + " was not on the processing list");
+    if (replies_ < 2 * acking_ && replies_ % 2 == 1 &&
+        (reply->type != REDIS_REPLY_INTEGER || reply->integer != 1)) {
+      load_.fail("job " + jobs_[replies_ / 2] + " was not on the processing list");
     }
-    if (taking_ && replies_ == expected - 1) {
+    if (replies_ == 2 * acking_) jobs_.clear();  // acknowledged; the LMOVE replies follow
+    if (replies_ >= 2 * acking_) {
       if (reply->type == REDIS_REPLY_STRING) {
-        job_.assign(reply->str, reply->len);
-        load_.took(job_);
+        jobs_.emplace_back(reply->str, reply->len);
+        load_.took(jobs_.back());
       } else {
         load_.fail("the job list ran dry");
-        job_.clear();
       }
     }
     freeReplyObject(reply);
     replies_ += 1;
   }
   if (replies_ < expected) return;
-  if (!taking_) job_.clear();
-  if (acking_ && load_.window().measuring(sent_at_)) {
-    load_.report().cycles += 1;
+  if (taking_ == 0) jobs_.clear();
+  if (acking_ > 0 && load_.window().measuring(sent_at_)) {
+    load_.report().cycles += acking_;
+    load_.report().requests += 1;
     load_.report().latency.record(ns_since(sent_at_));
   }
   cycle();
@@ -821,10 +876,16 @@ int main(int argc, char** argv) {
   tc->add_option("--server-pid", args.server_pid, "sample this process's memory and CPU");
   tc->add_option("--job-ms", args.job_ms,
                  "milliseconds each worker trains on a job before completing it (0: none)");
+  tc->add_option("--jobs-per-request", args.jobs_per_request,
+                 "jobs each request completes and takes (\"jobs\": N, \"completions\")")
+      ->check(CLI::Range(1, 64));
   common(tc);
   CLI::App* rd = app.add_subcommand("redis", "against Redis, as a reliable job queue");
   rd->add_option("--port", args.redis_port, "Redis on 127.0.0.1:PORT");
   rd->add_option("--server-pid", args.server_pid, "sample this process's CPU");
+  rd->add_option("--jobs-per-request", args.jobs_per_request,
+                 "jobs each round trip acknowledges and takes (pipelined commands)")
+      ->check(CLI::Range(1, 64));
   common(rd);
   CLI11_PARSE(app, argc, argv);
 

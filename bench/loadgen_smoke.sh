@@ -22,6 +22,9 @@ done
 url="$(grep -o 'http://127.0.0.1:[0-9]*' "$dir/serve.out")"
 "$loadgen" traincoord --url "$url" --workers 64 --seconds 1 --warmup 0.3 --train-batches 2000 \
   --server-pid "${pids[0]}"
+# Several jobs per request ("jobs": N, "completions"), with training time and heartbeats.
+"$loadgen" traincoord --url "$url" --workers 16 --seconds 1.5 --warmup 0.3 --train-batches 500 \
+  --jobs-per-request 3 --job-ms 5 --lease-timeout 1.5
 
 if command -v redis-server > /dev/null; then
   port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
@@ -33,4 +36,5 @@ if command -v redis-server > /dev/null; then
     sleep 0.1
   done
   "$loadgen" redis --port "$port" --workers 8 --seconds 1 --warmup 0.3
+  "$loadgen" redis --port "$port" --workers 8 --seconds 1 --warmup 0.3 --jobs-per-request 3
 fi
