@@ -60,8 +60,8 @@ struct Args {
   double warmup = 2;
   uint64_t train_batches = 100'000;  // per epoch of the run the generator creates
   double lease_timeout_s = 60;
-  int server_pid = 0;  // > 0: sample its memory (VmRSS) before and after connecting
-  double job_ms = 0;   // each worker "trains" this long on a job before completing it
+  int server_pid = 0;        // > 0: sample its memory (VmRSS) before and after connecting
+  double job_ms = 0;         // each worker "trains" this long on a job before completing it
   int jobs_per_request = 1;  // > 1: each request completes and takes this many ("jobs": N)
   bool json = false;
 };
@@ -118,7 +118,7 @@ struct Report {
   int workers = 0;
   double job_ms = 0;
   double seconds = 0;
-  uint64_t cycles = 0;  // in the measured window: jobs completed
+  uint64_t cycles = 0;    // in the measured window: jobs completed
   uint64_t requests = 0;  // ... and the complete-and-acquire requests that carried them
   int jobs_per_request = 1;
   uint64_t heartbeats = 0;
@@ -614,9 +614,9 @@ void SimWorker::next_request() {
                                ? ",\"jobs\":" + std::to_string(load_.jobs_per_request())
                                : std::string();
   if (held_.empty()) {
-    send(Sent::kAcquire, post(load_.host(), run + "/acquire",
-                              "{\"worker\":" + std::to_string(id_) + ",\"wait_ms\":1000" + jobs +
-                                  "}"));
+    send(Sent::kAcquire,
+         post(load_.host(), run + "/acquire",
+              "{\"worker\":" + std::to_string(id_) + ",\"wait_ms\":1000" + jobs + "}"));
     return;
   }
   send(Sent::kComplete, post(load_.host(), run + "/complete",
@@ -795,7 +795,8 @@ void RedisClient::cycle() {
     out_ += resp({"HSET", "results", job, "0.5"});
     out_ += resp({"LREM", "processing", "1", job});
   }
-  for (size_t i = 0; i < taking_; ++i) out_ += resp({"LMOVE", "jobs", "processing", "LEFT", "RIGHT"});
+  for (size_t i = 0; i < taking_; ++i)
+    out_ += resp({"LMOVE", "jobs", "processing", "LEFT", "RIGHT"});
   if (out_.empty()) {
     done_ = true;
     socket_.close();

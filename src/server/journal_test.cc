@@ -91,34 +91,50 @@ void drive(Harness& h, uint64_t seed) {
   h.commit();
   for (int w = 0; w < 4; ++w)
     h.post("/v1/runs/j/workers", R"({"name": "w)" + std::to_string(w) + "\"}");
-  std::vector<uint64_t> held(4, 0);
+  // The leases each worker holds; a worker sometimes takes and completes two at once.
+  std::vector<std::vector<uint64_t>> held(4);
+  auto leases_in = [](const std::string& body) {
+    std::vector<uint64_t> leases;
+    for (auto at = body.find("\"lease\":"); at != std::string::npos;
+         at = body.find("\"lease\":", at + 8)) {
+      leases.push_back(std::stoull(body.substr(at + 8)));
+    }
+    return leases;
+  };
   for (int step = 0; step < 600; ++step) {
     const int w = pick(4);
     const std::string worker = std::to_string(w);
+    auto& mine = held[static_cast<size_t>(w)];
     const int action = pick(20);
-    if (action == 0) {  // the worker dies: its job will expire; it comes back as new
-      held[static_cast<size_t>(w)] = 0;
+    if (action == 0) {  // the worker dies: its jobs will expire; it comes back as new
+      mine.clear();
       continue;
     }
-    if (held[static_cast<size_t>(w)] == 0) {
+    if (mine.empty()) {
+      const std::string jobs = pick(3) == 0 ? R"(, "jobs": 2)" : "";
       auto r = h.post("/v1/runs/j/acquire", R"({"worker": )" + worker + R"(, "request": )" +
-                                                std::to_string(1 + step / 2) + "}");
-      const auto at = r.body.find("\"lease\":");
-      if (at != std::string::npos)
-        held[static_cast<size_t>(w)] = std::stoull(r.body.substr(at + 8));
+                                                std::to_string(1 + step / 2) + jobs + "}");
+      mine = leases_in(r.body);
     } else if (action < 14) {
       const std::string loss = std::to_string(0.1 + pick(100) / 50.0);
-      auto r = h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "lease": )" +
-                                                 std::to_string(held[static_cast<size_t>(w)]) +
-                                                 R"(, "loss": )" + loss +
-                                                 R"(, "samples": 3, "next": true})");
-      const auto at = r.body.find("\"lease\":");  // the next job's
-      held[static_cast<size_t>(w)] =
-          at == std::string::npos ? 0 : std::stoull(r.body.substr(at + 8));
+      std::string body = R"({"worker": )" + worker;
+      if (mine.size() == 1 && pick(2) == 0) {
+        body += R"(, "lease": )" + std::to_string(mine[0]) + R"(, "loss": )" + loss +
+                R"(, "samples": 3, "next": true})";
+      } else {
+        body += R"(, "completions": [)";
+        for (size_t i = 0; i < mine.size(); ++i) {
+          body += (i ? "," : "") + std::string(R"({"lease": )") + std::to_string(mine[i]) +
+                  R"(, "loss": )" + loss + R"(, "samples": 3})";
+        }
+        body += R"(], "next": true, "jobs": )" + std::to_string(1 + pick(2)) + "}";
+      }
+      auto r = h.post("/v1/runs/j/complete", body);
+      mine = leases_in(r.body);  // the next jobs'
     } else if (action == 14) {
-      h.post("/v1/runs/j/fail", R"({"worker": )" + worker + R"(, "lease": )" +
-                                    std::to_string(held[static_cast<size_t>(w)]) + "}");
-      held[static_cast<size_t>(w)] = 0;
+      h.post("/v1/runs/j/fail",
+             R"({"worker": )" + worker + R"(, "lease": )" + std::to_string(mine.back()) + "}");
+      mine.pop_back();
     } else if (action == 15) {
       h.post("/v1/runs/j/heartbeat", R"({"worker": )" + worker + "}");
     }
@@ -165,6 +181,81 @@ TEST_P(Journal, RestoreRebuildsTheRunExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Journal, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
+
+// Rewrites a database into schema 1, as traincoord 0.x wrote it: a log row per record
+// (AUTOINCREMENT, an index by run) and completions in a rowid table.
+void rewrite_as_schema_1(const std::string& dir) {
+  std::vector<Record> records;
+  {
+    StoreOptions o;
+    o.dir = dir;
+    o.read_only = true;
+    auto store = Store::open(o);
+    ASSERT_TRUE(store) << store.error().message;
+    ASSERT_TRUE((*store)->for_each_record([&](const Record& r) { records.push_back(r); }));
+  }
+  ASSERT_GT(records.size(), 100u);
+  auto db = sqlite::Db::open(dir + "/traincoord.db", false);
+  ASSERT_TRUE(db);
+  ASSERT_TRUE(db->exec(
+      "BEGIN; DROP TABLE log; CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+      "run TEXT NOT NULL, time_ms INTEGER NOT NULL, kind INTEGER NOT NULL, target TEXT, body TEXT);"
+      "CREATE INDEX log_by_run ON log(run, seq);"
+      "CREATE TABLE c1 (run TEXT NOT NULL, lease INTEGER NOT NULL, worker TEXT NOT NULL, "
+      "set_name TEXT NOT NULL, epoch INTEGER NOT NULL, job INTEGER NOT NULL, loss REAL, "
+      "samples INTEGER NOT NULL, metrics TEXT, time_ms INTEGER NOT NULL, "
+      "PRIMARY KEY (run, lease)); INSERT INTO c1 SELECT * FROM completions; "
+      "DROP TABLE completions; ALTER TABLE c1 RENAME TO completions;"));
+  auto insert =
+      db->prepare("INSERT INTO log (run, time_ms, kind, target, body) VALUES (?,?,?,?,?)");
+  ASSERT_TRUE(insert);
+  for (const Record& r : records) {
+    insert->bind(1, r.run).bind(2, r.time).bind(3, static_cast<int>(r.kind));
+    insert->bind(4, r.target).bind(5, r.body);
+    ASSERT_TRUE(insert->run());
+  }
+  ASSERT_TRUE(db->exec("PRAGMA user_version = 1; COMMIT"));
+}
+
+TEST(Store, UpgradesASchema1DatabaseAndRestoresTheSameRun) {
+  TempDir dir;
+  std::string before;
+  uint64_t completions = 0;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 3);
+    before = saved_state(h.engine());
+    completions = (**h.engine().find("j")).counters().completions_accepted;
+  }
+  rewrite_as_schema_1(dir.path());
+  {
+    StoreOptions o;
+    o.dir = dir.path();
+    o.read_only = true;  // read-only, schema 1 is read as it is
+    auto store = Store::open(o);
+    ASSERT_TRUE(store) << store.error().message;
+    ServerClock clock;
+    Engine engine(clock);
+    Api api(engine, clock);
+    ASSERT_TRUE(restore_engine(**store, engine, api, clock));
+    EXPECT_EQ(saved_state(engine), before);
+  }
+  StoreOptions o;
+  o.dir = dir.path();
+  auto store = Store::open(o);  // writable: upgraded to schema 2
+  ASSERT_TRUE(store) << store.error().message;
+  ServerClock clock;
+  Engine engine(clock);
+  Api api(engine, clock);
+  ASSERT_TRUE(restore_engine(**store, engine, api, clock));
+  EXPECT_EQ(saved_state(engine), before);
+  store->reset();
+  auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+  EXPECT_EQ(db->scalar("PRAGMA user_version").value(), "2");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), std::to_string(completions));
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM sqlite_master WHERE name = 'log_by_run'").value(),
+            "0");
+}
 
 TEST(Store, RefusesAFileThatIsNotADatabase) {
   TempDir dir;

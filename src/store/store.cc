@@ -1,6 +1,7 @@
 #include "store/store.h"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -27,15 +28,12 @@ CREATE TABLE snapshots (             -- the whole state of a run, as of log reco
   time_ms INTEGER NOT NULL,
   state BLOB NOT NULL
 );
-CREATE TABLE log (                   -- every state-changing request since the snapshot
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, also after the log is emptied
+CREATE TABLE log (                   -- every state-changing request since the snapshot:
+  seq INTEGER PRIMARY KEY,           -- one row per run and commit; increasing, never reused
   run TEXT NOT NULL,
-  time_ms INTEGER NOT NULL,
-  kind INTEGER NOT NULL,             -- 1: a POST (target, body); 2: leases expired
-  target TEXT,
-  body TEXT
+  time_ms INTEGER NOT NULL,          -- of its last record
+  records BLOB NOT NULL              -- its records, in order (encode_record below)
 );
-CREATE INDEX log_by_run ON log(run, seq);
 CREATE TABLE completions (           -- every accepted completion: one per job and epoch
   run TEXT NOT NULL,
   lease INTEGER NOT NULL,
@@ -48,7 +46,7 @@ CREATE TABLE completions (           -- every accepted completion: one per job a
   metrics TEXT,                      -- JSON object
   time_ms INTEGER NOT NULL,
   PRIMARY KEY (run, lease)
-);
+) WITHOUT ROWID;
 CREATE TABLE epochs (
   run TEXT NOT NULL,
   set_name TEXT NOT NULL,
@@ -68,6 +66,98 @@ CREATE VIEW losses AS
          MAX(CASE WHEN set_name = 'dev' THEN loss END) AS dev_loss
   FROM epochs WHERE closed GROUP BY run, epoch;
 )";
+
+// Schema 2 keeps a commit's records of a run in one log row, and completions without a rowid
+// (one B-tree instead of a table and its primary-key index). Schema 1 had a row per record
+// (AUTOINCREMENT, an index by run) and a rowid table: measured with bench/loadgen, 64 workers,
+// durability "os", its SQLite work was ~16 us a request (docs/PERFORMANCE.md).
+// A record in a log row: kind (1 byte), time (8), target length (4) and bytes, body length (4)
+// and bytes; integers little-endian as x86 and ARM store them.
+void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+void encode_record(std::string* out, const Record& r) {
+  out->push_back(static_cast<char>(r.kind));
+  out->append(reinterpret_cast<const char*>(&r.time), 8);
+  put_u32(out, static_cast<uint32_t>(r.target.size()));
+  out->append(r.target);
+  put_u32(out, static_cast<uint32_t>(r.body.size()));
+  out->append(r.body);
+}
+
+// Decodes the records of a log row; false if it is damaged.
+bool decode_records(std::string_view in, Record* r, const std::function<void(const Record&)>& fn) {
+  auto take = [&](void* to, size_t n) {
+    if (in.size() < n) return false;
+    std::memcpy(to, in.data(), n);
+    in.remove_prefix(n);
+    return true;
+  };
+  auto take_text = [&](std::string* to) {
+    uint32_t n = 0;
+    if (!take(&n, 4) || in.size() < n) return false;
+    to->assign(in.data(), n);
+    in.remove_prefix(n);
+    return true;
+  };
+  while (!in.empty()) {
+    uint8_t kind = 0;
+    if (!take(&kind, 1) || !take(&r->time, 8) || !take_text(&r->target) || !take_text(&r->body)) {
+      return false;
+    }
+    if (kind != static_cast<uint8_t>(RecordKind::kRequest) &&
+        kind != static_cast<uint8_t>(RecordKind::kExpire)) {
+      return false;
+    }
+    r->kind = static_cast<RecordKind>(kind);
+    fn(*r);
+  }
+  return true;
+}
+
+// Schema 1 -> 2, in one transaction: each old log row becomes a row of one record (same seq),
+// completions are copied into the table without rowid.
+Result<void> migrate_from_1(sqlite::Db& db) {
+  if (auto r = db.exec("BEGIN; CREATE TABLE log2 (seq INTEGER PRIMARY KEY, run TEXT NOT NULL, "
+                       "time_ms INTEGER NOT NULL, records BLOB NOT NULL)");
+      !r) {
+    return r;
+  }
+  auto fail = [&](Error e) -> Result<void> {
+    (void)db.exec("ROLLBACK");
+    return tl::unexpected(std::move(e));
+  };
+  auto read = db.prepare("SELECT seq, run, time_ms, kind, target, body FROM log ORDER BY seq");
+  auto write = db.prepare("INSERT INTO log2 (seq, run, time_ms, records) VALUES (?,?,?,?)");
+  if (!read) return fail(read.error());
+  if (!write) return fail(write.error());
+  while (true) {
+    auto row = read->step();
+    if (!row) return fail(row.error());
+    if (!*row) break;
+    Record rec;
+    rec.time = read->int64(2);
+    rec.kind = static_cast<RecordKind>(read->int64(3));
+    rec.target = read->text(4);
+    rec.body = read->text(5);
+    std::string blob;
+    encode_record(&blob, rec);
+    write->bind(1, read->int64(0)).bind(2, read->text(1)).bind(3, rec.time).bind_blob(4, blob);
+    if (auto r = write->run(); !r) return fail(r.error());
+  }
+  if (auto r = db.exec(
+          "DROP TABLE log; ALTER TABLE log2 RENAME TO log;"
+          "CREATE TABLE completions2 (run TEXT NOT NULL, lease INTEGER NOT NULL, worker TEXT NOT "
+          "NULL, set_name TEXT NOT NULL, epoch INTEGER NOT NULL, job INTEGER NOT NULL, loss REAL, "
+          "samples INTEGER NOT NULL, metrics TEXT, time_ms INTEGER NOT NULL, "
+          "PRIMARY KEY (run, lease)) WITHOUT ROWID;"
+          "INSERT INTO completions2 SELECT run, lease, worker, set_name, epoch, job, loss, "
+          "samples, metrics, time_ms FROM completions;"
+          "DROP TABLE completions; ALTER TABLE completions2 RENAME TO completions;"
+          "PRAGMA user_version=2; COMMIT");
+      !r) {
+    return fail(r.error());
+  }
+  return {};
+}
 
 tl::unexpected<Error> refuse(const std::string& path, const std::string& why) {
   return failed_precondition(path + ": " + why +
@@ -97,6 +187,7 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
   if (!tables)
     return refuse(path, "not a SQLite database, or corrupt (" + tables.error().message + ")");
   const bool fresh = std::stoll(*tables) == 0 && std::stoll(*app_id) == 0;
+  int schema = kSchemaVersion;
   if (!fresh) {
     if (std::stoll(*app_id) != kApplicationId) {
       return refuse(path, "a SQLite database that traincoord did not write");
@@ -108,6 +199,7 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
                               "; this one reads up to " + std::to_string(kSchemaVersion) +
                               "): upgrade traincoord");
     }
+    schema = std::stoi(*version);
     // No PRAGMA quick_check here: it reads the whole file (3 s for 10 million completions),
     // and restart time must stay bounded. A damaged header is caught above; damaged pages
     // make the reads below (snapshots, log) fail, and the restart is refused with SQLite's
@@ -127,11 +219,31 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
         return tl::unexpected(r.error());
       }
     }
+    if (schema == 1) {
+      if (auto r = migrate_from_1(*db); !r) {
+        return refuse(path, "cannot be upgraded from schema 1 (" + r.error().message + ")");
+      }
+      schema = 2;
+    }
   } else if (fresh) {
     return refuse(path, "an empty database");
   }
   std::unique_ptr<Store> store(new Store(options, path, std::move(*db)));
+  store->schema_ = schema;  // read-only, an older schema is read as it is
   if (!options.read_only) {
+    // Log rows are numbered here, above every number used before (also by rows a snapshot
+    // dropped, whose numbers its seq covers; schema 1 kept them in sqlite_sequence).
+    auto old_sequence =
+        store->db_.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'");
+    if (!old_sequence) return tl::unexpected(old_sequence.error());
+    auto max_seq = store->db_.scalar(
+        std::string("SELECT max(coalesce((SELECT max(seq) FROM log), 0), "
+                    "coalesce((SELECT max(seq) FROM snapshots), 0)") +
+        (*old_sequence == "0"
+             ? ")"
+             : ", coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0))"));
+    if (!max_seq) return tl::unexpected(max_seq.error());
+    store->next_seq_ = (max_seq->empty() ? 0 : std::stoll(*max_seq)) + 1;
     if (auto r = store->prepare_statements(); !r) return tl::unexpected(r.error());
   }
   return store;
@@ -143,7 +255,7 @@ Result<void> Store::prepare_statements() {
     const char* sql;
   } all[] = {
       {&insert_run_, "INSERT INTO runs (name, config_format, config, created_ms) VALUES (?,?,?,?)"},
-      {&insert_record_, "INSERT INTO log (run, time_ms, kind, target, body) VALUES (?,?,?,?,?)"},
+      {&insert_record_, "INSERT INTO log (seq, run, time_ms, records) VALUES (?,?,?,?)"},
       {&insert_completion_,
        "INSERT OR REPLACE INTO completions (run, lease, worker, set_name, epoch, job, loss, "
        "samples, metrics, time_ms) VALUES (?,?,?,?,?,?,?,?,?,?)"},
@@ -189,24 +301,37 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
 }
 
 Result<void> Store::for_each_record(const std::function<void(const Record&)>& fn) {
-  auto stmt = db_.prepare(
-      "SELECT l.seq, l.run, l.time_ms, l.kind, l.target, l.body FROM log l "
-      "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY l.seq");
+  const char* sql =
+      schema_ == 1
+          ? "SELECT l.seq, l.run, l.time_ms, l.kind, l.target, l.body FROM log l "
+            "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY l.seq"
+          : "SELECT l.seq, l.run, l.records FROM log l "
+            "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY "
+            "l.seq";
+  auto stmt = db_.prepare(sql);
   if (!stmt) return tl::unexpected(stmt.error());
+  Record r;
+  auto each = [&](const Record& rec) {
+    records_since_snapshot_[rec.run] += 1;
+    fn(rec);
+  };
   while (true) {
     auto row = stmt->step();
     if (!row) return tl::unexpected(row.error());
     if (!*row) return {};
-    Record r;
     r.seq = stmt->int64(0);
     r.run = stmt->text(1);
-    r.time = stmt->int64(2);
-    r.kind = static_cast<RecordKind>(stmt->int64(3));
-    r.target = stmt->text(4);
-    r.body = stmt->text(5);
-    records_since_snapshot_[r.run] += 1;
     last_seq_[r.run] = r.seq;
-    fn(r);
+    if (schema_ == 1) {
+      r.time = stmt->int64(2);
+      r.kind = static_cast<RecordKind>(stmt->int64(3));
+      r.target = stmt->text(4);
+      r.body = stmt->text(5);
+      each(r);
+    } else if (!decode_records(stmt->blob(2), &r, each)) {
+      return failed_precondition(path_ + ": log row " + std::to_string(r.seq) + " of run " + r.run +
+                                 " is damaged");
+    }
   }
 }
 
@@ -276,12 +401,26 @@ Result<void> Store::commit(const Engine& engine) {
     insert_run_.bind(1, p.name).bind(2, p.format).bind(3, p.text).bind(4, p.created);
     if (auto r = insert_run_.run(); !r) return rollback(r.error());
   }
-  for (const Record& rec : pending_records_) {
-    insert_record_.bind(1, rec.run).bind(2, rec.time).bind(3, static_cast<int>(rec.kind));
-    insert_record_.bind(4, rec.target).bind(5, rec.body);
+  // One row per run: its records of this commit, in order (runs replay independently).
+  std::vector<bool> written(pending_records_.size(), false);
+  int64_t seq = next_seq_;
+  for (size_t i = 0; i < pending_records_.size(); ++i) {
+    if (written[i]) continue;
+    const std::string& run = pending_records_[i].run;
+    blob_.clear();
+    uint64_t n = 0;
+    TimeMs last = 0;
+    for (size_t k = i; k < pending_records_.size(); ++k) {
+      if (written[k] || pending_records_[k].run != run) continue;
+      encode_record(&blob_, pending_records_[k]);
+      last = pending_records_[k].time;
+      written[k] = true;
+      n += 1;
+    }
+    insert_record_.bind(1, seq).bind(2, run).bind(3, last).bind_blob(4, blob_);
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
-    last_seq_[rec.run] = db_.last_insert_rowid();
-    records_since_snapshot_[rec.run] += 1;
+    last_seq_[run] = seq++;
+    records_since_snapshot_[run] += n;
   }
   for (const CompletionRow& c : pending_completions_) {
     auto& s = insert_completion_;
@@ -301,6 +440,7 @@ Result<void> Store::commit(const Engine& engine) {
     if (auto r = write_run_state(**run); !r) return rollback(r.error());
   }
   if (auto r = db_.exec("COMMIT"); !r) return rollback(r.error());
+  next_seq_ = seq;
   pending_runs_.clear();
   pending_records_.clear();
   pending_completions_.clear();

@@ -75,7 +75,7 @@ struct CompletionRow {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   static constexpr const char* kFileName = "traincoord.db";
 
   // Opens DIR/traincoord.db, creating DIR and the database on first use. Refuses, without
@@ -136,6 +136,9 @@ class Store {
   std::map<std::string, uint64_t> records_since_snapshot_;
   std::map<std::string, int64_t> last_seq_;
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
+  int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
+  int64_t next_seq_ = 1;         // the next log row's number
+  std::string blob_;             // a log row's records, being encoded
 };
 
 }  // namespace traincoord
