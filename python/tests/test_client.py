@@ -45,6 +45,40 @@ def test_workers_finish_the_run_with_every_batch_trained_once(server):
     assert math.isclose(status["epochs"][0]["loss"], 0.1)
 
 
+def test_workers_taking_several_jobs_per_request_train_every_batch_once(server):
+    ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
+    threads = [threading.Thread(target=lambda i=i: ends.append(
+        work(server.url, f"g{i}", ledger, lock, jobs_per_request=3))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [e.state for e in ends] == ["completed"] * 3
+    check_exactly_once(ledger)
+    status = traincoord.Run(server.url, "py", "observer", heartbeats=False).status()
+    # 3 epochs of 12 train and 3 dev jobs (2 batches a job), each counted once
+    assert status["counters"]["completions_accepted"] == 3 * (12 + 3)
+    assert math.isclose(status["epochs"][0]["loss"], 0.1)
+
+
+def test_a_failed_job_in_a_group_is_retried_and_the_rest_counted(server):
+    run = traincoord.Run(server.url, "py", "groups", heartbeats=False, jobs_per_request=2)
+    seen = []
+    for job in run.jobs():
+        seen.append((job.set, job.epoch, job.index, job.attempt))
+        if len(seen) == 2:
+            job.fail("out of memory")
+        else:
+            job.complete(loss=0.5, samples=1)
+        if len(seen) == 5:
+            break
+    assert seen[1][3] == 1
+    assert (seen[1][0], seen[1][1], seen[1][2], 2) in seen[2:]  # handed out again
+    with pytest.raises(traincoord.CoordinatorError) as e:
+        traincoord.Run(server.url, "py", "x", heartbeats=False, jobs_per_request=65)
+    assert e.value.field == "jobs_per_request"
+
+
 def test_a_job_that_raises_is_given_back_and_retried(server):
     run = traincoord.Run(server.url, "py", "clumsy", heartbeats=False)
     job = run.next_job()

@@ -179,17 +179,25 @@ class Run:
     $TRAINCOORD_TOKEN_FILE). ca_file, cert_file, key_file: for https, the CA that signed the
     coordinator's certificate (default: $TRAINCOORD_CA_FILE, else the system's CAs) and this
     worker's own certificate for a coordinator that requires one ($TRAINCOORD_CERT_FILE,
-    $TRAINCOORD_KEY_FILE).
+    $TRAINCOORD_KEY_FILE). jobs_per_request: how many jobs ``jobs()`` takes in one request
+    (1 to 64); with N > 1 the loop yields them one after the other and reports their
+    completions together with the request for the next N, so a small job costs 1/N of a round
+    trip (its loss reaches the coordinator up to N - 1 jobs later).
     """
 
     def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
                  long_poll: float = 20.0, give_up_after: float = 300.0,
                  heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None) -> None:
+                 cert_file: str | None = None, key_file: str | None = None,
+                 jobs_per_request: int = 1) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
         if parsed.scheme not in ("http", "https") or not parsed.port:
             raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
                                    field="url")
+        if not 1 <= jobs_per_request <= 64:
+            raise CoordinatorError(f"jobs_per_request must be 1 to 64, got {jobs_per_request}",
+                                   field="jobs_per_request")
+        self.jobs_per_request = jobs_per_request
         self.url, self.run = url, run
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
@@ -227,6 +235,9 @@ class Run:
         """Yields jobs until the run is finished (then ``self.finished`` says how). Complete
         (or fail) each job before asking for the next. With stop_at_wait, the loop also ends
         when the coordinator has no job right now (an epoch barrier) instead of waiting."""
+        if self.jobs_per_request > 1:
+            yield from self._jobs_in_groups(wait=not stop_at_wait)
+            return
         job = self.next_job(wait=not stop_at_wait)
         while job is not None:
             self._current = job
@@ -241,6 +252,64 @@ class Run:
                 job = self.next_job(wait=not stop_at_wait)
             else:
                 job = self._complete(job, next_job=True, wait=not stop_at_wait)
+
+    def _jobs_in_groups(self, wait: bool) -> Iterator[Job]:
+        group = self._next_group(wait)
+        while group:
+            done = []
+            for job in group:
+                self._current = job
+                try:
+                    yield job
+                finally:
+                    self._current = None
+                if job._result is None:
+                    raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} was "
+                                       "neither completed nor failed")
+                if "failed" not in job._result:
+                    done.append(job)
+            group = self._complete_group(done, wait) if done else self._next_group(wait)
+
+    def _next_group(self, wait: bool) -> list[Job]:
+        while True:
+            reply = self._post("acquire", {"worker": self.id, "request": _request_id(),
+                                           "jobs": self.jobs_per_request,
+                                           "wait_ms": int(self.long_poll * 1000) if wait else 0},
+                               extra=self.long_poll if wait else 0)
+            group = self._take_group(reply)
+            if group or reply["status"] == "finished" or not wait:
+                return group
+
+    def _take_group(self, reply: Mapping[str, Any]) -> list[Job]:
+        if reply["status"] != "job":
+            self._take(reply)  # finished: say why
+            return []
+        return [self._take({"status": "job", "job": j}) for j in reply["jobs"]]
+
+    def _complete_group(self, done: list[Job], wait: bool) -> list[Job]:
+        for job in done:
+            self._drop(job.lease)
+        body = {"worker": self.id,
+                "completions": [{"lease": job.lease, **job._result} for job in done],
+                "next": True, "jobs": self.jobs_per_request, "request": _request_id(),
+                "wait_ms": int(self.long_poll * 1000) if wait else 0}
+        try:
+            reply = self._post("complete", body, extra=self.long_poll if wait else 0)
+        except CoordinatorError as e:
+            if e.status != 404:
+                raise
+            for job in done:  # the coordinator lost its state; the jobs will be handed out again
+                job.outcome = "lost"
+            if "has not registered" in e.message:
+                self._register()
+            return self._next_group(wait)
+        for job, outcome in zip(done, reply["outcomes"]):
+            job.outcome = outcome["outcome"]
+            job._sent = True
+        group = self._take_group(reply["next"])
+        if not group and reply["next"]["status"] == "wait" and wait:
+            return self._next_group(wait)
+        return group
 
     def next_job(self, wait: bool = True) -> Job | None:
         """The next job; None when the run is finished, or (wait=False) when there is no job
