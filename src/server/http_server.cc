@@ -439,7 +439,9 @@ class HttpServer::Impl {
     clock_.release();
     record_request(parked.run, t, "/v1/runs/" + parked.run + "/acquire",
                    "{\"worker\":" + std::to_string(parked.worker) +
-                       ",\"request\":" + std::to_string(parked.request) + "}");
+                       ",\"request\":" + std::to_string(parked.request) +
+                       (parked.max_jobs > 0 ? ",\"jobs\":" + std::to_string(parked.max_jobs) : "") +
+                       "}");
     return reply;
   }
 

@@ -526,6 +526,48 @@ TEST_F(Durability, AChangedConfigIsRefusedNamingTheFields) {
   EXPECT_NE(out2.find("cannot change data.train_batches"), std::string::npos) << out2;
 }
 
+// A long-polled acquire for two jobs, answered when another worker's completions open the dev
+// epoch, is logged as what it was: after a crash the restored run has handed out as much.
+TEST_F(Durability, AParkedAcquireOfSeveralJobsIsRestoredAsItWasAnswered) {
+  auto server = ServerProcess::start({"--config", config_, "--data-dir", data_});
+  ASSERT_NE(server, nullptr);
+  const std::string url = server->url();
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
+  // Worker a holds lease 1 (SetUp); it takes the other 14 train jobs of epoch 0.
+  auto rest = client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0, "jobs": 14})");
+  ASSERT_TRUE(rest);
+  ASSERT_EQ(parse(*rest)["jobs"].Size(), 14u);
+  std::string parked_reply;
+  std::thread parked([&] {
+    auto r = client::post(url, "/v1/runs/e2e/acquire",
+                          R"({"worker": 1, "wait_ms": 10000, "jobs": 2, "request": 5})");
+    if (r) parked_reply = *r;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (parked by then, or answered
+  std::string completions;                                      //  the same way a bit later)
+  for (int lease = 1; lease <= 15; ++lease) {
+    completions += (lease > 1 ? "," : "") + std::string(R"({"lease": )") + std::to_string(lease) +
+                   R"(, "loss": 0.5, "samples": 2})";
+  }
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/complete",
+                           R"({"worker": 0, "completions": [)" + completions + "]}"));
+  parked.join();
+  ASSERT_FALSE(parked_reply.empty());
+  auto answer = parse(parked_reply);
+  ASSERT_STREQ(answer["status"].GetString(), "job") << parked_reply;
+  ASSERT_EQ(answer["jobs"].Size(), 2u);
+  EXPECT_STREQ(answer["jobs"][0]["set"].GetString(), "dev");
+  auto before = parse(*client::get(url, "/v1/runs/e2e"));
+  EXPECT_EQ(before["counters"]["handouts"].GetUint64(), 17u);
+
+  server->kill(SIGKILL);
+  server = ServerProcess::start({"--config", config_, "--data-dir", data_});
+  ASSERT_NE(server, nullptr);
+  auto after = parse(*client::get(server->url(), "/v1/runs/e2e"));
+  EXPECT_EQ(after["counters"]["handouts"].GetUint64(), 17u);
+  EXPECT_EQ(after["progress"]["jobs_done"].GetUint64(), 15u);
+}
+
 TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
   const std::string file = changed("timeout = 0.5", "timeout = 2.5");
   auto [status, out] = serve_once({"--config", file, "--data-dir", data_});
