@@ -364,65 +364,94 @@ void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::
 
 void Store::add_completion(CompletionRow row) { pending_completions_.push_back(std::move(row)); }
 
-Result<void> Store::write_run_state(const Run& run) {
+void StoreBatch::append(StoreBatch&& later) {
+  auto move_all = [](auto& to, auto& from) {
+    to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+  };
+  move_all(runs, later.runs);
+  move_all(log, later.log);
+  move_all(completions, later.completions);
+  move_all(epochs, later.epochs);
+  move_all(run_states, later.run_states);
+  move_all(snapshots, later.snapshots);
+}
+
+void Store::take_run_state(const Run& run, StoreBatch* batch) {
   const std::string& name = run.config().name;
-  // Epochs before `written` are closed and already in the table: write only from there, so a
-  // commit costs O(open epochs), not O(epochs so far).
+  // Epochs before `written` are closed and already taken: take only from there, so a commit
+  // costs O(open epochs), not O(epochs so far).
   size_t& written = closed_epochs_written_[name];
   const auto& epochs = run.epochs();
   for (size_t i = std::min(written, epochs.size()); i < epochs.size(); ++i) {
     const Epoch& e = epochs[i];
-    auto& s = upsert_epoch_;
-    s.bind(1, name).bind(2, set_name(e.plan.set)).bind(3, e.plan.epoch).bind(4, e.plan.size());
-    s.bind(5, e.done).bind(6, e.failed).bind(7, e.closed() ? 1 : 0);
-    if (e.closed() && std::isfinite(e.loss)) {
-      s.bind(8, e.loss);
-    } else {
-      s.bind_null(8);
-    }
-    s.bind(9, e.samples).bind(10, e.nonfinite_jobs);
-    if (auto r = s.run(); !r) return r;
+    batch->epochs.push_back({name, std::string(set_name(e.plan.set)), e.plan.epoch, e.plan.size(),
+                             e.done, e.failed, e.closed(),
+                             e.closed() && std::isfinite(e.loss) ? e.loss : std::nan(""), e.samples,
+                             e.nonfinite_jobs});
   }
   while (written < epochs.size() && epochs[written].closed()) ++written;
-  update_run_.bind(1, run_state_name(run.state())).bind(2, run.state_reason()).bind(3, name);
-  return update_run_.run();
+  batch->run_states.push_back({name, std::string(run_state_name(run.state())), run.state_reason()});
 }
 
-Result<void> Store::commit(const Engine& engine) {
-  if (pending_runs_.empty() && pending_records_.empty() && pending_completions_.empty()) {
-    return {};
+void Store::take_snapshot(const Run& run, TimeMs now, StoreBatch* batch) {
+  const std::string& name = run.config().name;
+  batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(run)});
+  records_since_snapshot_[name] = 0;
+}
+
+StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
+  StoreBatch batch;
+  batch.runs = std::move(pending_runs_);
+  pending_runs_.clear();
+  // One log row per run: its records of this commit, in order (runs replay independently).
+  std::vector<bool> taken(pending_records_.size(), false);
+  for (size_t i = 0; i < pending_records_.size(); ++i) {
+    if (taken[i]) continue;
+    StoreBatch::LogRow row{next_seq_++, pending_records_[i].run, 0, {}};
+    uint64_t n = 0;
+    for (size_t k = i; k < pending_records_.size(); ++k) {
+      if (taken[k] || pending_records_[k].run != row.run) continue;
+      encode_record(&row.records, pending_records_[k]);
+      row.time = pending_records_[k].time;
+      taken[k] = true;
+      n += 1;
+    }
+    last_seq_[row.run] = row.seq;
+    records_since_snapshot_[row.run] += n;
+    batch.log.push_back(std::move(row));
   }
+  pending_records_.clear();
+  batch.completions = std::move(pending_completions_);
+  pending_completions_.clear();
+  for (const std::string& name : touched_) {
+    if (auto run = engine.find(name)) take_run_state(**run, &batch);
+  }
+  touched_.clear();
+  if (snapshots) {
+    for (auto& [name, count] : records_since_snapshot_) {
+      if (count < options_.snapshot_every) continue;
+      if (auto run = engine.find(name)) take_snapshot(**run, now, &batch);
+    }
+  }
+  return batch;
+}
+
+Result<void> Store::write(const StoreBatch& batch) {
+  if (batch.empty()) return {};
   if (auto r = db_.exec("BEGIN"); !r) return r;
   auto rollback = [&](Error e) -> Result<void> {
     (void)db_.exec("ROLLBACK");
     return tl::unexpected(std::move(e));
   };
-  for (const PendingRun& p : pending_runs_) {
+  for (const StoreBatch::NewRun& p : batch.runs) {
     insert_run_.bind(1, p.name).bind(2, p.format).bind(3, p.text).bind(4, p.created);
     if (auto r = insert_run_.run(); !r) return rollback(r.error());
   }
-  // One row per run: its records of this commit, in order (runs replay independently).
-  std::vector<bool> written(pending_records_.size(), false);
-  int64_t seq = next_seq_;
-  for (size_t i = 0; i < pending_records_.size(); ++i) {
-    if (written[i]) continue;
-    const std::string& run = pending_records_[i].run;
-    blob_.clear();
-    uint64_t n = 0;
-    TimeMs last = 0;
-    for (size_t k = i; k < pending_records_.size(); ++k) {
-      if (written[k] || pending_records_[k].run != run) continue;
-      encode_record(&blob_, pending_records_[k]);
-      last = pending_records_[k].time;
-      written[k] = true;
-      n += 1;
-    }
-    insert_record_.bind(1, seq).bind(2, run).bind(3, last).bind_blob(4, blob_);
+  for (const StoreBatch::LogRow& row : batch.log) {
+    insert_record_.bind(1, row.seq).bind(2, row.run).bind(3, row.time).bind_blob(4, row.records);
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
-    last_seq_[run] = seq++;
-    records_since_snapshot_[run] += n;
   }
-  for (const CompletionRow& c : pending_completions_) {
+  for (const CompletionRow& c : batch.completions) {
     auto& s = insert_completion_;
     s.bind(1, c.run).bind(2, c.lease).bind(3, c.worker).bind(4, c.set).bind(5, c.epoch);
     s.bind(6, c.job);
@@ -434,47 +463,48 @@ Result<void> Store::commit(const Engine& engine) {
     s.bind(8, c.samples).bind(9, c.metrics_json).bind(10, c.time);
     if (auto r = s.run(); !r) return rollback(r.error());
   }
-  for (const std::string& name : touched_) {
-    auto run = engine.find(name);
-    if (!run) continue;
-    if (auto r = write_run_state(**run); !r) return rollback(r.error());
+  for (const StoreBatch::EpochRow& e : batch.epochs) {
+    auto& s = upsert_epoch_;
+    s.bind(1, e.run).bind(2, e.set).bind(3, e.epoch).bind(4, e.jobs);
+    s.bind(5, e.done).bind(6, e.failed).bind(7, e.closed ? 1 : 0);
+    if (std::isfinite(e.loss)) {
+      s.bind(8, e.loss);
+    } else {
+      s.bind_null(8);
+    }
+    s.bind(9, e.samples).bind(10, e.nonfinite_jobs);
+    if (auto r = s.run(); !r) return rollback(r.error());
+  }
+  for (const StoreBatch::RunRow& run : batch.run_states) {
+    update_run_.bind(1, run.state).bind(2, run.reason).bind(3, run.name);
+    if (auto r = update_run_.run(); !r) return rollback(r.error());
+  }
+  for (const StoreBatch::SnapshotRow& snap : batch.snapshots) {
+    upsert_snapshot_.bind(1, snap.run).bind(2, snap.seq).bind(3, snap.time);
+    upsert_snapshot_.bind_blob(4, snap.state);
+    if (auto r = upsert_snapshot_.run(); !r) return rollback(r.error());
+    delete_log_.bind(1, snap.run).bind(2, snap.seq);
+    if (auto r = delete_log_.run(); !r) return rollback(r.error());
   }
   if (auto r = db_.exec("COMMIT"); !r) return rollback(r.error());
-  next_seq_ = seq;
-  pending_runs_.clear();
-  pending_records_.clear();
-  pending_completions_.clear();
-  touched_.clear();
   return {};
 }
 
+Result<void> Store::commit(const Engine& engine) { return write(take(engine)); }
+
 Result<void> Store::snapshot(const Run& run, TimeMs now) {
-  const std::string& name = run.config().name;
-  const int64_t seq = last_seq_[name];
-  if (auto r = db_.exec("BEGIN"); !r) return r;
-  upsert_snapshot_.bind(1, name).bind(2, seq).bind(3, now).bind_blob(4, RunCodec::save(run));
-  auto r = upsert_snapshot_.run();
-  if (r) {
-    delete_log_.bind(1, name).bind(2, seq);
-    r = delete_log_.run();
-  }
-  if (r) r = db_.exec("COMMIT");
-  if (!r) {
-    (void)db_.exec("ROLLBACK");
-    return r;
-  }
-  records_since_snapshot_[name] = 0;
-  return {};
+  StoreBatch batch;
+  take_snapshot(run, now, &batch);
+  return write(batch);
 }
 
 Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
+  StoreBatch batch;
   for (auto& [name, count] : records_since_snapshot_) {
     if (count < options_.snapshot_every) continue;
-    auto run = engine.find(name);
-    if (!run) continue;
-    if (auto r = snapshot(**run, now); !r) return r;
+    if (auto run = engine.find(name)) take_snapshot(**run, now, &batch);
   }
-  return {};
+  return write(batch);
 }
 
 Result<void> Store::replace_config(const Run& run, std::string_view format, std::string_view text,

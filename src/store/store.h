@@ -73,6 +73,50 @@ struct CompletionRow {
   TimeMs time = 0;
 };
 
+// What one commit writes. Taken from the store's buffers and the engine on the engine's thread
+// (Store::take), written on another (Store::write): the engine goes on while it is written.
+struct StoreBatch {
+  struct NewRun {
+    std::string name, format, text;
+    TimeMs created;
+  };
+  struct LogRow {  // a run's records of this commit, encoded
+    int64_t seq;
+    std::string run;
+    TimeMs time;
+    std::string records;
+  };
+  struct EpochRow {
+    std::string run, set;
+    int64_t epoch;
+    uint64_t jobs, done, failed;
+    bool closed;
+    double loss;  // NaN: none (open, or no finite loss)
+    uint64_t samples, nonfinite_jobs;
+  };
+  struct RunRow {
+    std::string name, state, reason;
+  };
+  struct SnapshotRow {
+    std::string run;
+    int64_t seq;  // the last log row it covers
+    TimeMs time;
+    std::string state;
+  };
+  std::vector<NewRun> runs;
+  std::vector<LogRow> log;
+  std::vector<CompletionRow> completions;
+  std::vector<EpochRow> epochs;
+  std::vector<RunRow> run_states;
+  std::vector<SnapshotRow> snapshots;
+
+  bool empty() const {
+    return runs.empty() && log.empty() && completions.empty() && snapshots.empty();
+  }
+  // Appends `later` (written after this one).
+  void append(StoreBatch&& later);
+};
+
 class Store {
  public:
   static constexpr int kSchemaVersion = 2;
@@ -101,11 +145,17 @@ class Store {
   void add_completion(CompletionRow row);
   bool has_pending() const { return !pending_runs_.empty() || !pending_records_.empty(); }
 
-  // Writes everything buffered in one transaction, with the epochs and states of the runs it
-  // touched (read from `engine`). An error here means durability is broken: the caller must
-  // stop rather than reply.
+  // Takes everything buffered, with the epochs and states of the runs it touched (read from
+  // `engine`), as a batch to write; with `snapshots`, also a snapshot of every run with at
+  // least snapshot_every records since its last one. Cheap: no I/O.
+  StoreBatch take(const Engine& engine, bool snapshots = false, TimeMs now = 0);
+  // Writes a batch in one transaction. Batches must be written in the order taken; this may
+  // run on another thread than take() (never two at once). An error here means durability is
+  // broken: the caller must stop rather than reply.
+  Result<void> write(const StoreBatch& batch);
+  // take() + write(): writes everything buffered now.
   Result<void> commit(const Engine& engine);
-  // Snapshots every run with at least snapshot_every records since its last snapshot.
+  // Snapshots every run with at least snapshot_every records since its last snapshot, now.
   Result<void> snapshot_due(const Engine& engine, TimeMs now);
   // Snapshots `run` now and drops the log the snapshot covers.
   Result<void> snapshot(const Run& run, TimeMs now);
@@ -117,7 +167,8 @@ class Store {
   Store(StoreOptions options, std::string path, sqlite::Db db)
       : options_(std::move(options)), path_(std::move(path)), db_(std::move(db)) {}
   Result<void> prepare_statements();
-  Result<void> write_run_state(const Run& run);
+  void take_run_state(const Run& run, StoreBatch* batch);
+  void take_snapshot(const Run& run, TimeMs now, StoreBatch* batch);
 
   StoreOptions options_;
   std::string path_;
@@ -125,11 +176,9 @@ class Store {
   sqlite::Statement insert_run_, insert_record_, insert_completion_, upsert_epoch_, update_run_,
       upsert_snapshot_, delete_log_;
 
-  struct PendingRun {
-    std::string name, format, text;
-    TimeMs created;
-  };
-  std::vector<PendingRun> pending_runs_;
+  // Engine thread (take() and the buffers): what is not yet taken, and the bookkeeping of
+  // what was; db_ and the statements belong to write().
+  std::vector<StoreBatch::NewRun> pending_runs_;
   std::vector<Record> pending_records_;
   std::vector<CompletionRow> pending_completions_;
   std::set<std::string> touched_;
@@ -138,7 +187,6 @@ class Store {
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
   int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
   int64_t next_seq_ = 1;         // the next log row's number
-  std::string blob_;             // a log row's records, being encoded
 };
 
 }  // namespace traincoord
