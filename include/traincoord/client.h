@@ -112,6 +112,13 @@ class Worker {
   Result<std::optional<Job>> complete_and_next(const Job& job, const Completion& completion);
   // Completes `job` only.
   Result<Completed> complete(const Job& job, const Completion& completion);
+  // Several jobs per request (docs/API.md), for small jobs: up to `n` (1 to 64) jobs at once,
+  // waiting as next() does; empty when the run is finished.
+  Result<std::vector<Job>> next_jobs(size_t n);
+  // Completes `done` (all or nothing) and returns up to `n` next jobs, in one round trip;
+  // last_outcomes() then says how each completion was taken, in order.
+  Result<std::vector<Job>> complete_and_next_jobs(
+      const std::vector<std::pair<Job, Completion>>& done, size_t n);
   // Gives the job back as failed (it counts as a failed attempt).
   Result<void> fail(const Job& job, const std::string& reason);
   // Leaves the run: held jobs go back at once. The destructor does not leave.
@@ -120,6 +127,8 @@ class Worker {
   const std::optional<Finished>& finished() const { return finished_; }
   // How the last completion was taken.
   const Completed& last_completed() const { return last_completed_; }
+  // How the completions of the last complete_and_next_jobs() were taken.
+  const std::vector<Completed>& last_outcomes() const { return last_outcomes_; }
   uint32_t id() const { return id_; }
   const std::string& name() const { return options_.worker_name; }
 
@@ -129,6 +138,7 @@ class Worker {
   Result<std::string> call(const std::string& action, const std::string& body,
                            std::chrono::milliseconds extra_wait);
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
+  Result<std::vector<Job>> take_jobs(const std::string& reply_json, bool nested);
   std::string completion_body(const Job& job, const Completion& completion, bool next) const;
   void heartbeat_loop();
   void hold(uint64_t lease);  // the heartbeat thread keeps these leases alive, and only these
@@ -141,6 +151,7 @@ class Worker {
   std::chrono::milliseconds heartbeat_interval_{10'000};
   std::optional<Finished> finished_;
   Completed last_completed_;
+  std::vector<Completed> last_outcomes_;
   struct Heartbeats;
   std::unique_ptr<Heartbeats> heartbeats_;
 };

@@ -531,6 +531,92 @@ Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Compl
   return next_job;
 }
 
+// Reads a reply that lists its jobs ("jobs": N asked); nested: under "next" of a completion
+// reply, whose "outcomes" go to last_outcomes_.
+Result<std::vector<Job>> Worker::take_jobs(const std::string& reply, bool nested) {
+  rapidjson::Document d;
+  d.Parse(reply.c_str());
+  if (d.HasParseError() || !d.IsObject()) {
+    return tl::unexpected(ClientError{200, "bad_reply", "unexpected reply: " + reply, {}});
+  }
+  if (nested) {
+    last_outcomes_.clear();
+    for (const auto& o : d["outcomes"].GetArray()) {
+      last_outcomes_.push_back({o["outcome"].GetString(), o["counted"].GetBool()});
+    }
+  }
+  const rapidjson::Value& a = nested ? d["next"] : d;
+  const std::string status = a["status"].GetString();
+  std::vector<Job> jobs;
+  if (status == "job") {
+    for (const auto& v : a["jobs"].GetArray()) {
+      jobs.push_back(parse_job(v));
+      hold(jobs.back().lease);
+    }
+    return jobs;
+  }
+  if (status == "finished") {
+    finished_ = Finished{a["state"].GetString(), a["reason"].GetString()};
+    return jobs;
+  }
+  return tl::unexpected(ClientError{200, "wait", "", {}});  // the caller asks again
+}
+
+Result<std::vector<Job>> Worker::next_jobs(size_t n) {
+  while (true) {
+    JsonWriter j;
+    j.begin_object()
+        .field("worker", id_.load())
+        .field("wait_ms", options_.long_poll.count())
+        .field("request", request_id())
+        .field("jobs", static_cast<uint64_t>(n))
+        .end_object();
+    auto reply = call("acquire", j.str(), options_.long_poll);
+    if (!reply && reply.error().code == "not_found" &&
+        reply.error().message.find("has not registered") != std::string::npos) {
+      if (auto r = register_worker(); !r) return tl::unexpected(r.error());
+      continue;
+    }
+    if (!reply) return tl::unexpected(reply.error());
+    auto jobs = take_jobs(*reply, false);
+    if (jobs || jobs.error().code != "wait") return jobs;
+  }
+}
+
+Result<std::vector<Job>> Worker::complete_and_next_jobs(
+    const std::vector<std::pair<Job, Completion>>& done, size_t n) {
+  if (done.empty()) return next_jobs(n);
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).key("completions").begin_array();
+  for (const auto& [job, c] : done) {
+    drop(job.lease);
+    j.begin_object().field("lease", job.lease).field("loss", c.loss).field("samples", c.samples);
+    if (!c.metrics.empty()) {
+      j.key("metrics").begin_object();
+      for (const auto& [name, value] : c.metrics) j.field(name, value);
+      j.end_object();
+    }
+    j.end_object();
+  }
+  j.end_array();
+  j.field("next", true).field("wait_ms", options_.long_poll.count());
+  j.field("request", request_id()).field("jobs", static_cast<uint64_t>(n));
+  j.end_object();
+  auto reply = call("complete", j.str(), options_.long_poll);
+  if (!reply) {
+    if (reply.error().code != "not_found") return tl::unexpected(reply.error());
+    // The coordinator restarted without its state: it knows none of these leases (or us).
+    last_outcomes_.assign(done.size(), Completed{"lost", false});
+    if (reply.error().message.find("has not registered") != std::string::npos) {
+      if (auto r = register_worker(); !r) return tl::unexpected(r.error());
+    }
+    return next_jobs(n);
+  }
+  auto jobs = take_jobs(*reply, true);
+  if (!jobs && jobs.error().code == "wait") return next_jobs(n);
+  return jobs;
+}
+
 Result<void> Worker::fail(const Job& job, const std::string& reason) {
   drop(job.lease);
   JsonWriter j;

@@ -118,6 +118,29 @@ std::string work(const client::Options& options, Ledger* ledger) {
   return (*worker)->finished()->state;
 }
 
+// The same on several jobs per request (next_jobs / complete_and_next_jobs).
+std::string work_in_groups(const client::Options& options, size_t n, Ledger* ledger) {
+  auto worker = client::Worker::connect(options);
+  if (!worker) return "connect failed: " + worker.error().message;
+  auto jobs = (*worker)->next_jobs(n);
+  while (jobs && !jobs->empty()) {
+    std::vector<std::pair<client::Job, client::Completion>> done;
+    for (const client::Job& j : *jobs) {
+      done.push_back({j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}}});
+    }
+    jobs = (*worker)->complete_and_next_jobs(done, n);
+    if (!jobs) break;
+    const auto& outcomes = (*worker)->last_outcomes();
+    if (outcomes.size() != done.size()) return "outcomes missing";
+    for (size_t i = 0; i < done.size(); ++i) {
+      if (outcomes[i].counted)
+        ledger->add(done[i].first.set, done[i].first.epoch, done[i].first.batches);
+    }
+  }
+  if (!jobs) return "error: " + jobs.error().message;
+  return (*worker)->finished()->state;
+}
+
 class ServerE2E : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -158,6 +181,26 @@ TEST_F(ServerE2E, ClientWorkersFinishTheRunWithEveryBatchTrainedOnce) {
   ASSERT_EQ(s["epochs"].Size(), 6u);
   EXPECT_NEAR(s["epochs"][0]["loss"].GetDouble(), 0.1, 1e-12);
   EXPECT_NEAR(s["epochs"][4]["loss"].GetDouble(), 0.3, 1e-12);
+}
+
+// Workers taking 1, 2 and 3 jobs per request share a run: every batch once, the same losses.
+TEST_F(ServerE2E, WorkersTakingSeveralJobsPerRequestFinishTheRunExactlyOnce) {
+  Ledger ledger;
+  std::vector<std::string> results(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      const auto options = options_for(*server_, "g" + std::to_string(i));
+      results[i] = i == 0 ? work(options, &ledger) : work_in_groups(options, i + 1, &ledger);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& r : results) EXPECT_EQ(r, "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+  auto s = status();
+  EXPECT_STREQ(s["state"].GetString(), "completed");
+  EXPECT_EQ(s["counters"]["completions_accepted"].GetUint64(), 3u * (15 + 3));
+  EXPECT_NEAR(s["epochs"][2]["loss"].GetDouble(), 0.2, 1e-12);
 }
 
 // With several I/O threads the engine runs on a thread of its own (with one, on the I/O
