@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -169,6 +170,8 @@ class Store {
   Result<void> prepare_statements();
   void take_run_state(const Run& run, StoreBatch* batch);
   void take_snapshot(const Run& run, TimeMs now, StoreBatch* batch);
+  void covered(const std::string& run, int64_t seq);  // a snapshot covers run's rows <= seq
+  Result<void> find_untrimmed();
 
   StoreOptions options_;
   std::string path_;
@@ -187,6 +190,10 @@ class Store {
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
   int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
   int64_t next_seq_ = 1;         // the next log row's number
+  // write()'s: log rows a snapshot covers, to delete (a few per commit), and per run the rows
+  // no snapshot covers yet.
+  std::deque<int64_t> trim_;
+  std::map<std::string, std::deque<int64_t>> untrimmed_;
 };
 
 }  // namespace traincoord
