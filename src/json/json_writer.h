@@ -6,14 +6,16 @@
 #include <string>
 #include <string_view>
 
-#include <rapidjson/stringbuffer.h>
+#include <rapidjson/allocators.h>
 #include <rapidjson/writer.h>
 
 namespace traincoord {
 
 class JsonWriter {
  public:
-  JsonWriter() : writer_(buffer_) {}
+  JsonWriter() : writer_(out_, &levels_) {}
+  JsonWriter(const JsonWriter&) = delete;
+  JsonWriter& operator=(const JsonWriter&) = delete;
 
   JsonWriter& key(std::string_view k) {
     writer_.Key(k.data(), static_cast<rapidjson::SizeType>(k.size()));
@@ -87,11 +89,24 @@ class JsonWriter {
     return *this;
   }
 
-  std::string str() const { return std::string(buffer_.GetString(), buffer_.GetSize()); }
+  const std::string& str() const { return out_.text; }
+  // The text, moved out (the writer is done).
+  std::string take() { return std::move(out_.text); }
 
  private:
-  rapidjson::StringBuffer buffer_;
-  rapidjson::Writer<rapidjson::StringBuffer> writer_;
+  // Written straight into a std::string, and the writer's nesting stack in an inline buffer:
+  // no malloc but the string's, and no copy at the end (a reply is written per request).
+  struct Out {
+    using Ch = char;
+    std::string text;
+    void Put(char c) { text.push_back(c); }
+    void Flush() {}
+  };
+  using LevelAllocator = rapidjson::MemoryPoolAllocator<rapidjson::CrtAllocator>;
+  alignas(8) char level_buffer_[1024];
+  LevelAllocator levels_{level_buffer_, sizeof level_buffer_};
+  Out out_;
+  rapidjson::Writer<Out, rapidjson::UTF8<>, rapidjson::UTF8<>, LevelAllocator> writer_;
 };
 
 }  // namespace traincoord

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -67,8 +68,10 @@ class Api {
   static constexpr TimeMs kMaxWaitMs = 60'000;
 
   // REQUIRES: `engine` and `clock` outlive the Api; `clock` is the engine's clock.
-  Api(Engine& engine, const Clock& clock, ApiLimits limits = {})
-      : engine_(engine), clock_(clock), limits_(limits) {}
+  Api(Engine& engine, const Clock& clock, ApiLimits limits = {});
+  ~Api();
+  Api(const Api&) = delete;
+  Api& operator=(const Api&) = delete;
 
   // Handles one request: a reply, or an acquire to park.
   std::variant<HttpReply, ParkedAcquire> handle(const HttpRequest& request);
@@ -108,6 +111,8 @@ class Api {
   const Clock& clock_;
   ApiObserver* observer_ = nullptr;
   ApiLimits limits_;
+  struct ParseArena;
+  std::unique_ptr<ParseArena> arena_;  // request bodies are parsed into it (api.cc)
 };
 
 // The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.
