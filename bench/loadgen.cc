@@ -178,11 +178,12 @@ struct Report {
         std::printf("  %d jobs per request: %.0f requests/s; latency is a request's\n",
                     jobs_per_request, seconds > 0 ? static_cast<double>(requests) / seconds : 0);
       }
-      std::printf("  the machine's stalls (a sleeping thread woken late): p99 %.0f us, p99.9 %.0f us, "
-                  "max %.0f us\n",
-                  static_cast<double>(hiccups.quantile(0.99)) / 1000.0,
-                  static_cast<double>(hiccups.quantile(0.999)) / 1000.0,
-                  static_cast<double>(hiccups.max()) / 1000.0);
+      std::printf(
+          "  the machine's stalls (a sleeping thread woken late): p99 %.0f us, p99.9 %.0f us, "
+          "max %.0f us\n",
+          static_cast<double>(hiccups.quantile(0.99)) / 1000.0,
+          static_cast<double>(hiccups.quantile(0.999)) / 1000.0,
+          static_cast<double>(hiccups.max()) / 1000.0);
       std::printf("  CPU per job cycle: server %.1f us, load generator %.1f us\n",
                   per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s));
       if (rss_before_kib > 0) {
