@@ -137,6 +137,7 @@ class Worker {
   Result<void> register_worker();
   Result<std::string> call(const std::string& action, const std::string& body,
                            std::chrono::milliseconds extra_wait);
+  Result<std::string> acquire(size_t jobs);  // one acquire; jobs > 0: "jobs": N
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
   Result<std::vector<Job>> take_jobs(const std::string& reply_json, bool nested);
   std::string completion_body(const Job& job, const Completion& completion, bool next) const;

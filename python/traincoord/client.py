@@ -240,32 +240,29 @@ class Run:
             return
         job = self.next_job(wait=not stop_at_wait)
         while job is not None:
-            self._current = job
-            try:
-                yield job
-            finally:
-                self._current = None
-            if job._result is None:
-                raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} was neither "
-                                   "completed nor failed")
+            yield from self._hand_over(job)
             if "failed" in job._result:
                 job = self.next_job(wait=not stop_at_wait)
             else:
                 job = self._complete(job, next_job=True, wait=not stop_at_wait)
+
+    def _hand_over(self, job: Job) -> Iterator[Job]:
+        """Yields `job` to the loop's body, which must complete or fail it."""
+        self._current = job
+        try:
+            yield job
+        finally:
+            self._current = None
+        if job._result is None:
+            raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} was neither "
+                               "completed nor failed")
 
     def _jobs_in_groups(self, wait: bool) -> Iterator[Job]:
         group = self._next_group(wait)
         while group:
             done = []
             for job in group:
-                self._current = job
-                try:
-                    yield job
-                finally:
-                    self._current = None
-                if job._result is None:
-                    raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} was "
-                                       "neither completed nor failed")
+                yield from self._hand_over(job)
                 if "failed" not in job._result:
                     done.append(job)
             group = self._complete_group(done, wait) if done else self._next_group(wait)

@@ -456,21 +456,30 @@ Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
   return tl::unexpected(ClientError{200, "wait", "", {}});  // the caller asks again
 }
 
-Result<std::optional<Job>> Worker::next() {
+// One acquire ("jobs": N when jobs > 0): the reply. The coordinator restarted without our
+// registration: register again, then ask again.
+Result<std::string> Worker::acquire(size_t jobs) {
   while (true) {
     JsonWriter j;
     j.begin_object()
         .field("worker", id_.load())
         .field("wait_ms", options_.long_poll.count())
-        .field("request", request_id())
-        .end_object();
+        .field("request", request_id());
+    if (jobs > 0) j.field("jobs", static_cast<uint64_t>(jobs));
+    j.end_object();
     auto reply = call("acquire", j.str(), options_.long_poll);
     if (!reply && reply.error().code == "not_found" &&
         reply.error().message.find("has not registered") != std::string::npos) {
-      // The coordinator restarted without our registration: register again, then ask again.
       if (auto r = register_worker(); !r) return tl::unexpected(r.error());
       continue;
     }
+    return reply;
+  }
+}
+
+Result<std::optional<Job>> Worker::next() {
+  while (true) {
+    auto reply = acquire(0);
     if (!reply) return tl::unexpected(reply.error());
     auto job = take(*reply, false);
     if (job || job.error().code != "wait") return job;
@@ -564,19 +573,7 @@ Result<std::vector<Job>> Worker::take_jobs(const std::string& reply, bool nested
 
 Result<std::vector<Job>> Worker::next_jobs(size_t n) {
   while (true) {
-    JsonWriter j;
-    j.begin_object()
-        .field("worker", id_.load())
-        .field("wait_ms", options_.long_poll.count())
-        .field("request", request_id())
-        .field("jobs", static_cast<uint64_t>(n))
-        .end_object();
-    auto reply = call("acquire", j.str(), options_.long_poll);
-    if (!reply && reply.error().code == "not_found" &&
-        reply.error().message.find("has not registered") != std::string::npos) {
-      if (auto r = register_worker(); !r) return tl::unexpected(r.error());
-      continue;
-    }
+    auto reply = acquire(n);
     if (!reply) return tl::unexpected(reply.error());
     auto jobs = take_jobs(*reply, false);
     if (jobs || jobs.error().code != "wait") return jobs;
