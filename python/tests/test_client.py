@@ -30,14 +30,20 @@ def check_exactly_once(ledger):
         assert sorted(ledger[("dev", epoch)]) == list(range(6)), epoch
 
 
-def test_workers_finish_the_run_with_every_batch_trained_once(server):
+def run_three_workers(url, prefix, **kwargs):
+    """Three workers train the run to its end; returns how each saw it end and the ledger."""
     ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
     threads = [threading.Thread(target=lambda i=i: ends.append(
-        work(server.url, f"t{i}", ledger, lock))) for i in range(3)]
+        work(url, f"{prefix}{i}", ledger, lock, **kwargs))) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return ends, ledger
+
+
+def test_workers_finish_the_run_with_every_batch_trained_once(server):
+    ends, ledger = run_three_workers(server.url, "t")
     assert [e.state for e in ends] == ["completed"] * 3
     check_exactly_once(ledger)
     status = traincoord.Run(server.url, "py", "observer", heartbeats=False).status()
@@ -46,13 +52,7 @@ def test_workers_finish_the_run_with_every_batch_trained_once(server):
 
 
 def test_workers_taking_several_jobs_per_request_train_every_batch_once(server):
-    ledger, lock, ends = collections.defaultdict(list), threading.Lock(), []
-    threads = [threading.Thread(target=lambda i=i: ends.append(
-        work(server.url, f"g{i}", ledger, lock, jobs_per_request=3))) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ends, ledger = run_three_workers(server.url, "g", jobs_per_request=3)
     assert [e.state for e in ends] == ["completed"] * 3
     check_exactly_once(ledger)
     status = traincoord.Run(server.url, "py", "observer", heartbeats=False).status()

@@ -222,6 +222,20 @@ void rewrite_as_schema_1(const std::string& dir) {
   ASSERT_TRUE(db->exec("PRAGMA user_version = 1; COMMIT"));
 }
 
+// Opens the store in `dir` and restores it: the run must be `before`, byte for byte.
+void expect_restores(const std::string& dir, bool read_only, const std::string& before) {
+  StoreOptions o;
+  o.dir = dir;
+  o.read_only = read_only;
+  auto store = Store::open(o);
+  ASSERT_TRUE(store) << store.error().message;
+  ServerClock clock;
+  Engine engine(clock);
+  Api api(engine, clock);
+  ASSERT_TRUE(restore_engine(**store, engine, api, clock));
+  EXPECT_EQ(saved_state(engine), before);
+}
+
 TEST(Store, UpgradesASchema1DatabaseAndRestoresTheSameRun) {
   TempDir dir;
   std::string before;
@@ -233,28 +247,8 @@ TEST(Store, UpgradesASchema1DatabaseAndRestoresTheSameRun) {
     completions = (**h.engine().find("j")).counters().completions_accepted;
   }
   rewrite_as_schema_1(dir.path());
-  {
-    StoreOptions o;
-    o.dir = dir.path();
-    o.read_only = true;  // read-only, schema 1 is read as it is
-    auto store = Store::open(o);
-    ASSERT_TRUE(store) << store.error().message;
-    ServerClock clock;
-    Engine engine(clock);
-    Api api(engine, clock);
-    ASSERT_TRUE(restore_engine(**store, engine, api, clock));
-    EXPECT_EQ(saved_state(engine), before);
-  }
-  StoreOptions o;
-  o.dir = dir.path();
-  auto store = Store::open(o);  // writable: upgraded to schema 2
-  ASSERT_TRUE(store) << store.error().message;
-  ServerClock clock;
-  Engine engine(clock);
-  Api api(engine, clock);
-  ASSERT_TRUE(restore_engine(**store, engine, api, clock));
-  EXPECT_EQ(saved_state(engine), before);
-  store->reset();
+  expect_restores(dir.path(), /*read_only=*/true, before);   // schema 1, read as it is
+  expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to schema 2
   auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
   EXPECT_EQ(db->scalar("PRAGMA user_version").value(), "2");
   EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), std::to_string(completions));
