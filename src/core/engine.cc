@@ -19,15 +19,15 @@ void Engine::adopt(std::unique_ptr<Run> run) {
   runs_[std::move(name)] = std::move(run);
 }
 
-Result<Run*> Engine::find(const std::string& name) {
+Result<Run*> Engine::find(std::string_view name) {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + name);
+  if (it == runs_.end()) return not_found("no run named " + std::string(name));
   return it->second.get();
 }
 
-Result<const Run*> Engine::find(const std::string& name) const {
+Result<const Run*> Engine::find(std::string_view name) const {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + name);
+  if (it == runs_.end()) return not_found("no run named " + std::string(name));
   return it->second.get();
 }
 

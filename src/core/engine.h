@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/clock.h"
@@ -25,8 +26,8 @@ class Engine {
   // Adds a run restored from a snapshot, replacing any run of the same name.
   void adopt(std::unique_ptr<Run> run);
   // Returns the run, or kNotFound.
-  Result<Run*> find(const std::string& name);
-  Result<const Run*> find(const std::string& name) const;
+  Result<Run*> find(std::string_view name);
+  Result<const Run*> find(std::string_view name) const;
   // Cancels the run; nothing more is handed out. kNotFound for an unknown run.
   Result<void> cancel_run(const std::string& name, std::string reason);
   // Every run, by name.
@@ -36,7 +37,7 @@ class Engine {
 
  private:
   const Clock& clock_;
-  std::map<std::string, std::unique_ptr<Run>> runs_;
+  std::map<std::string, std::unique_ptr<Run>, std::less<>> runs_;
 };
 
 }  // namespace traincoord

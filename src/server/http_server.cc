@@ -480,7 +480,7 @@ class HttpServer::Impl {
 
   void record_request(std::string_view run, TimeMs t, std::string_view target,
                       std::string_view body) {
-    if (store_ && engine_.find(std::string(run))) {
+    if (store_ && engine_.find(run)) {
       store_->add_record(run, t, RecordKind::kRequest, target, body);
     }
   }

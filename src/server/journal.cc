@@ -19,16 +19,18 @@ void StoreObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId
   row.run = run.config().name;
   row.lease = lease;
   row.worker = run.workers()[worker].name;
-  row.set = std::string(set_name(completed.set));
+  row.set = set_name(completed.set);
   row.epoch = completed.epoch;
   row.job = completed.job;
   row.loss = completion.loss;
   row.samples = completion.samples;
-  JsonWriter metrics;
-  metrics.begin_object();
-  for (const Metric& m : completion.metrics) metrics.field(m.name, m.value);
-  metrics.end_object();
-  row.metrics_json = metrics.str();
+  if (!completion.metrics.empty()) {  // (none: written as {} without making a string)
+    JsonWriter metrics;
+    metrics.begin_object();
+    for (const Metric& m : completion.metrics) metrics.field(m.name, m.value);
+    metrics.end_object();
+    row.metrics_json = metrics.str();
+  }
   row.time = now;
   store_.add_completion(std::move(row));
 }

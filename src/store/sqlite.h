@@ -38,6 +38,17 @@ class Statement {
     sqlite3_bind_blob(stmt_.get(), index, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
+  // As bind() and bind_blob(), without SQLite's copy of the bytes: REQUIRES that `v` stays
+  // alive and unchanged until run() (or step() to the end). For the store's hot loop, where
+  // the batch outlives its statements.
+  Statement& bind_ref(int index, std::string_view v) {
+    sqlite3_bind_text(stmt_.get(), index, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
+  Statement& bind_blob_ref(int index, std::string_view v) {
+    sqlite3_bind_blob(stmt_.get(), index, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
   Statement& bind_null(int index) {
     sqlite3_bind_null(stmt_.get(), index);
     return *this;
@@ -93,6 +104,10 @@ class Db {
  public:
   // Opens (read-only, or read-write creating the file) the database at `path`.
   static Result<Db> open(const std::string& path, bool read_only) {
+    // No memory statistics: with them, every allocation of SQLite's takes a global mutex
+    // (~2% of the store thread under bench/loadgen). Only possible before SQLite initialises;
+    // refused (and harmless) after.
+    [[maybe_unused]] static const int no_memstatus = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     sqlite3* raw = nullptr;
     const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
     const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);

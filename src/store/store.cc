@@ -1,5 +1,6 @@
 #include "store/store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -74,13 +75,14 @@ CREATE VIEW losses AS
 // A record in a log row: kind (1 byte), time (8), target length (4) and bytes, body length (4)
 // and bytes; integers little-endian as x86 and ARM store them.
 void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
-void encode_record(std::string* out, const Record& r) {
-  out->push_back(static_cast<char>(r.kind));
-  out->append(reinterpret_cast<const char*>(&r.time), 8);
-  put_u32(out, static_cast<uint32_t>(r.target.size()));
-  out->append(r.target);
-  put_u32(out, static_cast<uint32_t>(r.body.size()));
-  out->append(r.body);
+void encode_record(std::string* out, RecordKind kind, TimeMs time, std::string_view target,
+                   std::string_view body) {
+  out->push_back(static_cast<char>(kind));
+  out->append(reinterpret_cast<const char*>(&time), 8);
+  put_u32(out, static_cast<uint32_t>(target.size()));
+  out->append(target);
+  put_u32(out, static_cast<uint32_t>(body.size()));
+  out->append(body);
 }
 
 // Decodes the records of a log row; false if it is damaged.
@@ -139,7 +141,7 @@ Result<void> migrate_from_1(sqlite::Db& db) {
     rec.target = read->text(4);
     rec.body = read->text(5);
     std::string blob;
-    encode_record(&blob, rec);
+    encode_record(&blob, rec.kind, rec.time, rec.target, rec.body);
     write->bind(1, read->int64(0)).bind(2, read->text(1)).bind(3, rec.time).bind_blob(4, blob);
     if (auto r = write->run(); !r) return fail(r.error());
   }
@@ -267,6 +269,8 @@ Result<void> Store::prepare_statements() {
       {&upsert_snapshot_,
        "INSERT OR REPLACE INTO snapshots (run, seq, time_ms, state) VALUES (?,?,?,?)"},
       {&delete_log_, "DELETE FROM log WHERE seq = ?"},
+      {&begin_, "BEGIN"},
+      {&commit_, "COMMIT"},
   };
   for (auto& s : all) {
     auto stmt = db_.prepare(s.sql);
@@ -351,16 +355,19 @@ void Store::add_run(const std::string& name, std::string_view format, std::strin
   touched_.insert(name);
 }
 
+// Encoded straight into the run's row of the next commit: a record costs one append, not a
+// copy of its target and body kept until take().
 void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                        std::string_view body) {
-  Record r;
-  r.run = std::string(run);
-  r.time = time;
-  r.kind = kind;
-  r.target = std::string(target);
-  r.body = std::string(body);
-  touched_.insert(r.run);
-  pending_records_.push_back(std::move(r));
+  auto log = std::find_if(pending_log_.begin(), pending_log_.end(),
+                          [&](const PendingLog& l) { return l.run == run; });
+  if (log == pending_log_.end()) {
+    log = pending_log_.insert(pending_log_.end(), PendingLog{std::string(run), {}, 0, 0});
+    if (!touched_.contains(run)) touched_.emplace(run);
+  }
+  encode_record(&log->records, kind, time, target, body);
+  log->time = time;
+  log->count += 1;
 }
 
 void Store::add_completion(CompletionRow row) { pending_completions_.push_back(std::move(row)); }
@@ -405,23 +412,13 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
   batch.runs = std::move(pending_runs_);
   pending_runs_.clear();
   // One log row per run: its records of this commit, in order (runs replay independently).
-  std::vector<bool> taken(pending_records_.size(), false);
-  for (size_t i = 0; i < pending_records_.size(); ++i) {
-    if (taken[i]) continue;
-    StoreBatch::LogRow row{next_seq_++, pending_records_[i].run, 0, {}};
-    uint64_t n = 0;
-    for (size_t k = i; k < pending_records_.size(); ++k) {
-      if (taken[k] || pending_records_[k].run != row.run) continue;
-      encode_record(&row.records, pending_records_[k]);
-      row.time = pending_records_[k].time;
-      taken[k] = true;
-      n += 1;
-    }
+  for (PendingLog& log : pending_log_) {
+    StoreBatch::LogRow row{next_seq_++, std::move(log.run), log.time, std::move(log.records)};
     last_seq_[row.run] = row.seq;
-    records_since_snapshot_[row.run] += n;
+    records_since_snapshot_[row.run] += log.count;
     batch.log.push_back(std::move(row));
   }
-  pending_records_.clear();
+  pending_log_.clear();
   batch.completions = std::move(pending_completions_);
   pending_completions_.clear();
   for (const std::string& name : touched_) {
@@ -439,7 +436,7 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
 
 Result<void> Store::write(const StoreBatch& batch) {
   if (batch.empty()) return {};
-  if (auto r = db_.exec("BEGIN"); !r) return r;
+  if (auto r = begin_.run(); !r) return r;
   auto rollback = [&](Error e) -> Result<void> {
     (void)db_.exec("ROLLBACK");
     return tl::unexpected(std::move(e));
@@ -448,20 +445,25 @@ Result<void> Store::write(const StoreBatch& batch) {
     insert_run_.bind(1, p.name).bind(2, p.format).bind(3, p.text).bind(4, p.created);
     if (auto r = insert_run_.run(); !r) return rollback(r.error());
   }
+  // (bind_ref: the batch outlives each statement's run)
   for (const StoreBatch::LogRow& row : batch.log) {
-    insert_record_.bind(1, row.seq).bind(2, row.run).bind(3, row.time).bind_blob(4, row.records);
+    insert_record_.bind(1, row.seq).bind_ref(2, row.run).bind(3, row.time);
+    insert_record_.bind_blob_ref(4, row.records);
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
   }
   for (const CompletionRow& c : batch.completions) {
     auto& s = insert_completion_;
-    s.bind(1, c.run).bind(2, c.lease).bind(3, c.worker).bind(4, c.set).bind(5, c.epoch);
-    s.bind(6, c.job);
+    s.bind_ref(1, c.run).bind(2, c.lease).bind_ref(3, c.worker).bind_ref(4, c.set);
+    s.bind(5, c.epoch).bind(6, c.job);
     if (std::isfinite(c.loss)) {
       s.bind(7, c.loss);
     } else {
       s.bind_null(7);
     }
-    s.bind(8, c.samples).bind(9, c.metrics_json).bind(10, c.time);
+    const std::string_view metrics =
+        c.metrics_json.empty() ? std::string_view("{}") : std::string_view(c.metrics_json);
+    s.bind(8, c.samples).bind_ref(9, metrics);
+    s.bind(10, c.time);
     if (auto r = s.run(); !r) return rollback(r.error());
   }
   for (const StoreBatch::EpochRow& e : batch.epochs) {
@@ -497,7 +499,7 @@ Result<void> Store::write(const StoreBatch& batch) {
     if (auto r = delete_log_.run(); !r) return rollback(r.error());
     trimmed.push_back(trim_[i]);
   }
-  if (auto r = db_.exec("COMMIT"); !r) return rollback(r.error());
+  if (auto r = commit_.run(); !r) return rollback(r.error());
   trim_.erase(trim_.begin(), trim_.begin() + static_cast<std::ptrdiff_t>(trimmed.size()));
   for (const StoreBatch::LogRow& row : batch.log) untrimmed_[row.run].push_back(row.seq);
   for (const StoreBatch::SnapshotRow& snap : batch.snapshots) covered(snap.run, snap.seq);

@@ -65,12 +65,12 @@ struct CompletionRow {
   std::string run;
   uint64_t lease = 0;
   std::string worker;
-  std::string set;
+  std::string_view set;  // a literal: set_name()
   int64_t epoch = 0;
   uint64_t job = 0;
   double loss = 0;
   uint64_t samples = 0;
-  std::string metrics_json;
+  std::string metrics_json;  // empty: no metrics (written as {})
   TimeMs time = 0;
 };
 
@@ -144,7 +144,7 @@ class Store {
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                   std::string_view body);
   void add_completion(CompletionRow row);
-  bool has_pending() const { return !pending_runs_.empty() || !pending_records_.empty(); }
+  bool has_pending() const { return !pending_runs_.empty() || !pending_log_.empty(); }
 
   // Takes everything buffered, with the epochs and states of the runs it touched (read from
   // `engine`), as a batch to write; with `snapshots`, also a snapshot of every run with at
@@ -177,14 +177,20 @@ class Store {
   std::string path_;
   sqlite::Db db_;
   sqlite::Statement insert_run_, insert_record_, insert_completion_, upsert_epoch_, update_run_,
-      upsert_snapshot_, delete_log_;
+      upsert_snapshot_, delete_log_, begin_, commit_;
 
   // Engine thread (take() and the buffers): what is not yet taken, and the bookkeeping of
   // what was; db_ and the statements belong to write().
   std::vector<StoreBatch::NewRun> pending_runs_;
-  std::vector<Record> pending_records_;
+  struct PendingLog {  // a run's records since the last take(), encoded as its log row holds them
+    std::string run;
+    std::string records;
+    TimeMs time = 0;  // of the last
+    uint64_t count = 0;
+  };
+  std::vector<PendingLog> pending_log_;  // in the order of each run's first record
   std::vector<CompletionRow> pending_completions_;
-  std::set<std::string> touched_;
+  std::set<std::string, std::less<>> touched_;
   std::map<std::string, uint64_t> records_since_snapshot_;
   std::map<std::string, int64_t> last_seq_;
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
