@@ -89,6 +89,12 @@ class JsonWriter {
     return *this;
   }
 
+  // Empties the writer for another document (keeping the string's capacity).
+  void clear() {
+    out_.text.clear();
+    writer_.Reset(out_);
+  }
+
   const std::string& str() const { return out_.text; }
   // The text, moved out (the writer is done).
   std::string take() { return std::move(out_.text); }

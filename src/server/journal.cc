@@ -15,24 +15,9 @@ void StoreObserver::run_created(const Run& run, std::string_view config_json, Ti
 void StoreObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
                                         const Completed& completed, const Completion& completion,
                                         TimeMs now) {
-  CompletionRow row;
-  row.run = run.config().name;
-  row.lease = lease;
-  row.worker = run.workers()[worker].name;
-  row.set = set_name(completed.set);
-  row.epoch = completed.epoch;
-  row.job = completed.job;
-  row.loss = completion.loss;
-  row.samples = completion.samples;
-  if (!completion.metrics.empty()) {  // (none: written as {} without making a string)
-    JsonWriter metrics;
-    metrics.begin_object();
-    for (const Metric& m : completion.metrics) metrics.field(m.name, m.value);
-    metrics.end_object();
-    row.metrics_json = metrics.str();
-  }
-  row.time = now;
-  store_.add_completion(std::move(row));
+  store_.add_completion({run.config().name, lease, run.workers()[worker].name,
+                         set_name(completed.set), completed.epoch, completed.job, completion.loss,
+                         completion.samples, &completion.metrics, now});
 }
 
 Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, ServerClock& clock) {

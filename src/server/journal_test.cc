@@ -116,11 +116,13 @@ void drive(Harness& h, uint64_t seed) {
                                                 std::to_string(1 + step / 2) + jobs + "}");
       mine = leases_in(r.body);
     } else if (action < 14) {
-      const std::string loss = std::to_string(0.1 + pick(100) / 50.0);
+      // (17 digits: a loss must come back from the database to the last bit)
+      char loss[32];
+      std::snprintf(loss, sizeof loss, "%.17g", 0.1 + pick(100) / 49.0);
       std::string body = R"({"worker": )" + worker;
       if (mine.size() == 1 && pick(2) == 0) {
         body += R"(, "lease": )" + std::to_string(mine[0]) + R"(, "loss": )" + loss +
-                R"(, "samples": 3, "next": true})";
+                R"(, "samples": 3, "metrics": {"accuracy": 0.5}, "next": true})";
       } else {
         body += R"(, "completions": [)";
         for (size_t i = 0; i < mine.size(); ++i) {
@@ -187,9 +189,11 @@ TEST_P(Journal, RestoreRebuildsTheRunExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Journal, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
 
-// Rewrites a database into schema 1, as traincoord 0.x wrote it: a log row per record
-// (AUTOINCREMENT, an index by run) and completions in a rowid table.
-void rewrite_as_schema_1(const std::string& dir) {
+// Rewrites a database into an older schema, as older traincoords wrote it. Schema 2: the
+// completions in a table (without rowid) instead of rows of a commit's completions behind a
+// view. Schema 1, besides: a log row per record (AUTOINCREMENT, an index by run), and the
+// completions in a rowid table.
+void rewrite_as_schema(const std::string& dir, int version) {
   std::vector<Record> records;
   {
     StoreOptions o;
@@ -202,24 +206,29 @@ void rewrite_as_schema_1(const std::string& dir) {
   ASSERT_GT(records.size(), 100u);
   auto db = sqlite::Db::open(dir + "/traincoord.db", false);
   ASSERT_TRUE(db);
-  ASSERT_TRUE(db->exec(
-      "BEGIN; DROP TABLE log; CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-      "run TEXT NOT NULL, time_ms INTEGER NOT NULL, kind INTEGER NOT NULL, target TEXT, body TEXT);"
-      "CREATE INDEX log_by_run ON log(run, seq);"
-      "CREATE TABLE c1 (run TEXT NOT NULL, lease INTEGER NOT NULL, worker TEXT NOT NULL, "
-      "set_name TEXT NOT NULL, epoch INTEGER NOT NULL, job INTEGER NOT NULL, loss REAL, "
-      "samples INTEGER NOT NULL, metrics TEXT, time_ms INTEGER NOT NULL, "
-      "PRIMARY KEY (run, lease)); INSERT INTO c1 SELECT * FROM completions; "
-      "DROP TABLE completions; ALTER TABLE c1 RENAME TO completions;"));
-  auto insert =
-      db->prepare("INSERT INTO log (run, time_ms, kind, target, body) VALUES (?,?,?,?,?)");
-  ASSERT_TRUE(insert);
-  for (const Record& r : records) {
-    insert->bind(1, r.run).bind(2, r.time).bind(3, static_cast<int>(r.kind));
-    insert->bind(4, r.target).bind(5, r.body);
-    ASSERT_TRUE(insert->run());
+  ASSERT_TRUE(
+      db->exec(std::string("BEGIN; CREATE TABLE c (run TEXT NOT NULL, lease INTEGER NOT NULL, "
+                           "worker TEXT NOT NULL, set_name TEXT NOT NULL, epoch INTEGER NOT NULL, "
+                           "job INTEGER NOT NULL, loss REAL, samples INTEGER NOT NULL, metrics "
+                           "TEXT, time_ms INTEGER NOT NULL, PRIMARY KEY (run, lease))") +
+               (version == 2 ? " WITHOUT ROWID" : "") +
+               "; INSERT INTO c SELECT * FROM completions; DROP VIEW completions; "
+               "DROP TABLE completion_batches; ALTER TABLE c RENAME TO completions;"));
+  if (version == 1) {
+    ASSERT_TRUE(
+        db->exec("DROP TABLE log; CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                 "run TEXT NOT NULL, time_ms INTEGER NOT NULL, kind INTEGER NOT NULL, target TEXT, "
+                 "body TEXT); CREATE INDEX log_by_run ON log(run, seq);"));
+    auto insert =
+        db->prepare("INSERT INTO log (run, time_ms, kind, target, body) VALUES (?,?,?,?,?)");
+    ASSERT_TRUE(insert);
+    for (const Record& r : records) {
+      insert->bind(1, r.run).bind(2, r.time).bind(3, static_cast<int>(r.kind));
+      insert->bind(4, r.target).bind(5, r.body);
+      ASSERT_TRUE(insert->run());
+    }
   }
-  ASSERT_TRUE(db->exec("PRAGMA user_version = 1; COMMIT"));
+  ASSERT_TRUE(db->exec("PRAGMA user_version = " + std::to_string(version) + "; COMMIT"));
 }
 
 // Opens the store in `dir` and restores it: the run must be `before`, byte for byte.
@@ -236,7 +245,20 @@ void expect_restores(const std::string& dir, bool read_only, const std::string& 
   EXPECT_EQ(saved_state(engine), before);
 }
 
-TEST(Store, UpgradesASchema1DatabaseAndRestoresTheSameRun) {
+// Every completion in the database, as text, in lease order.
+std::string all_completions(const std::string& dir) {
+  auto db = sqlite::Db::open(dir + "/traincoord.db", true);
+  auto rows = db->scalar(
+      "SELECT group_concat(run || ' ' || lease || ' ' || worker || ' ' || set_name || ' ' || "
+      "epoch || ' ' || job || ' ' || coalesce(printf('%!.17g', loss), 'NULL') || ' ' || samples "
+      "|| ' ' || metrics "
+      "|| ' ' || time_ms, char(10)) FROM (SELECT * FROM completions ORDER BY run, lease)");
+  return rows.value();
+}
+
+class StoreUpgrade : public ::testing::TestWithParam<int> {};
+
+TEST_P(StoreUpgrade, RestoresTheSameRunAndKeepsEveryCompletion) {
   TempDir dir;
   std::string before;
   uint64_t completions = 0;
@@ -246,15 +268,20 @@ TEST(Store, UpgradesASchema1DatabaseAndRestoresTheSameRun) {
     before = saved_state(h.engine());
     completions = (**h.engine().find("j")).counters().completions_accepted;
   }
-  rewrite_as_schema_1(dir.path());
-  expect_restores(dir.path(), /*read_only=*/true, before);   // schema 1, read as it is
-  expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to schema 2
+  const std::string rows = all_completions(dir.path());
+  ASSERT_EQ(std::count(rows.begin(), rows.end(), '\n') + 1, static_cast<long>(completions));
+  ASSERT_NE(rows.find("{\"accuracy\""), std::string::npos);  // metrics are kept too
+  rewrite_as_schema(dir.path(), GetParam());
+  expect_restores(dir.path(), /*read_only=*/true, before);   // the old schema, read as it is
+  expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to the current one
   auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
-  EXPECT_EQ(db->scalar("PRAGMA user_version").value(), "2");
-  EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), std::to_string(completions));
+  EXPECT_EQ(db->scalar("PRAGMA user_version").value(), std::to_string(Store::kSchemaVersion));
+  EXPECT_EQ(all_completions(dir.path()), rows);
   EXPECT_EQ(db->scalar("SELECT count(*) FROM sqlite_master WHERE name = 'log_by_run'").value(),
             "0");
 }
+
+INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2));
 
 TEST(Store, RefusesAFileThatIsNotADatabase) {
   TempDir dir;

@@ -14,6 +14,16 @@ namespace {
 
 constexpr int64_t kApplicationId = 0x54435244;  // "TCRD", in the database header
 
+// Every accepted completion, one row per job and epoch (loss NULL: a non-finite loss; metrics:
+// a JSON object), as schema 2 kept them in a table.
+const char* kCompletionsView =
+    "CREATE VIEW completions AS SELECT b.run AS run, json_extract(c.value, '$[0]') AS lease, "
+    "json_extract(c.value, '$[1]') AS worker, json_extract(c.value, '$[2]') AS set_name, "
+    "json_extract(c.value, '$[3]') AS epoch, json_extract(c.value, '$[4]') AS job, "
+    "json_extract(c.value, '$[5]') AS loss, json_extract(c.value, '$[6]') AS samples, "
+    "json_extract(c.value, '$[7]') AS metrics, json_extract(c.value, '$[8]') AS time_ms "
+    "FROM completion_batches b, json_each(b.rows) c;";
+
 const char* kSchema = R"(
 CREATE TABLE runs (
   name TEXT PRIMARY KEY,
@@ -35,19 +45,11 @@ CREATE TABLE log (                   -- every state-changing request since the s
   time_ms INTEGER NOT NULL,          -- of its last record
   records BLOB NOT NULL              -- its records, in order (encode_record below)
 );
-CREATE TABLE completions (           -- every accepted completion: one per job and epoch
+CREATE TABLE completion_batches (    -- the accepted completions of a run, a commit's per row:
+  id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below)
   run TEXT NOT NULL,
-  lease INTEGER NOT NULL,
-  worker TEXT NOT NULL,
-  set_name TEXT NOT NULL,
-  epoch INTEGER NOT NULL,
-  job INTEGER NOT NULL,
-  loss REAL,                         -- NULL: a non-finite loss
-  samples INTEGER NOT NULL,
-  metrics TEXT,                      -- JSON object
-  time_ms INTEGER NOT NULL,
-  PRIMARY KEY (run, lease)
-) WITHOUT ROWID;
+  rows TEXT NOT NULL                 -- JSON: [[lease, worker, set, epoch, job, loss, samples,
+);                                   --         metrics, time_ms], ...]
 CREATE TABLE epochs (
   run TEXT NOT NULL,
   set_name TEXT NOT NULL,
@@ -71,7 +73,9 @@ CREATE VIEW losses AS
 // Schema 2 keeps a commit's records of a run in one log row, and completions without a rowid
 // (one B-tree instead of a table and its primary-key index). Schema 1 had a row per record
 // (AUTOINCREMENT, an index by run) and a rowid table: measured with bench/loadgen, 64 workers,
-// durability "os", its SQLite work was ~16 us a request (docs/PERFORMANCE.md).
+// durability "os", its SQLite work was ~16 us a request (docs/PERFORMANCE.md). Schema 3 keeps
+// a commit's completions of a run in one row too (JSON, read through the view `completions`):
+// a row per completion was the store thread's largest cost left, ~2.5 of its ~7.5 us a job.
 // A record in a log row: kind (1 byte), time (8), target length (4) and bytes, body length (4)
 // and bytes; integers little-endian as x86 and ARM store them.
 void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
@@ -161,6 +165,29 @@ Result<void> migrate_from_1(sqlite::Db& db) {
   return {};
 }
 
+// Schema 2 -> 3, in one transaction: the completions table becomes rows of up to 4,096
+// completions each, behind a view of the same name and columns.
+Result<void> migrate_from_2(sqlite::Db& db) {
+  if (auto r = db.exec(
+          std::string("BEGIN;"
+                      "CREATE TABLE completion_batches (id INTEGER PRIMARY KEY, run TEXT NOT NULL, "
+                      "rows TEXT NOT NULL);"
+                      // (by hand, not json_array: that writes a loss with 15 digits only)
+                      "INSERT INTO completion_batches (run, rows) SELECT run, '[' || "
+                      "group_concat('[' || lease || ',' || json_quote(worker) || ',' || "
+                      "json_quote(set_name) || ',' || epoch || ',' || job || ',' || "
+                      "coalesce(printf('%!.17g', loss), 'null') || ',' || samples || ',' || "
+                      "coalesce(metrics, '{}') || ',' || time_ms || ']', ',') || ']' FROM "
+                      "(SELECT * FROM completions ORDER BY run, lease) GROUP BY run, lease / 4096;"
+                      "DROP TABLE completions;") +
+          kCompletionsView + "PRAGMA user_version=3; COMMIT");
+      !r) {
+    (void)db.exec("ROLLBACK");
+    return r;
+  }
+  return {};
+}
+
 tl::unexpected<Error> refuse(const std::string& path, const std::string& why) {
   return failed_precondition(path + ": " + why +
                              ". traincoord did not change it; point --data-dir elsewhere, or "
@@ -214,7 +241,7 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     }
     if (fresh) {
       if (auto r =
-              db->exec(std::string("BEGIN;") + kSchema +
+              db->exec(std::string("BEGIN;") + kSchema + kCompletionsView +
                        "PRAGMA application_id=" + std::to_string(kApplicationId) +
                        "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
           !r) {
@@ -226,6 +253,12 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
         return refuse(path, "cannot be upgraded from schema 1 (" + r.error().message + ")");
       }
       schema = 2;
+    }
+    if (schema == 2) {
+      if (auto r = migrate_from_2(*db); !r) {
+        return refuse(path, "cannot be upgraded from schema 2 (" + r.error().message + ")");
+      }
+      schema = 3;
     }
   } else if (fresh) {
     return refuse(path, "an empty database");
@@ -259,9 +292,7 @@ Result<void> Store::prepare_statements() {
   } all[] = {
       {&insert_run_, "INSERT INTO runs (name, config_format, config, created_ms) VALUES (?,?,?,?)"},
       {&insert_record_, "INSERT INTO log (seq, run, time_ms, records) VALUES (?,?,?,?)"},
-      {&insert_completion_,
-       "INSERT OR REPLACE INTO completions (run, lease, worker, set_name, epoch, job, loss, "
-       "samples, metrics, time_ms) VALUES (?,?,?,?,?,?,?,?,?,?)"},
+      {&insert_completion_, "INSERT INTO completion_batches (run, rows) VALUES (?,?)"},
       {&upsert_epoch_,
        "INSERT OR REPLACE INTO epochs (run, set_name, epoch, jobs, done, failed, closed, loss, "
        "samples, nonfinite_jobs) VALUES (?,?,?,?,?,?,?,?,?,?)"},
@@ -370,7 +401,24 @@ void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::
   log->count += 1;
 }
 
-void Store::add_completion(CompletionRow row) { pending_completions_.push_back(std::move(row)); }
+void Store::add_completion(const CompletionRow& c) {
+  auto batch = std::find_if(pending_completions_.begin(), pending_completions_.end(),
+                            [&](const StoreBatch::CompletionBatch& b) { return b.run == c.run; });
+  if (batch == pending_completions_.end()) {
+    batch = pending_completions_.insert(pending_completions_.end(), {std::string(c.run), "["});
+  } else {
+    batch->rows.push_back(',');
+  }
+  JsonWriter& w = row_writer_;
+  w.clear();
+  w.begin_array().value(c.lease).value(c.worker).value(c.set).value(c.epoch).value(c.job);
+  w.value(c.loss).value(c.samples).begin_object();  // (a non-finite loss: null)
+  if (c.metrics) {
+    for (const Metric& m : *c.metrics) w.field(m.name, m.value);
+  }
+  w.end_object().value(c.time).end_array();
+  batch->rows += w.str();
+}
 
 void StoreBatch::append(StoreBatch&& later) {
   auto move_all = [](auto& to, auto& from) {
@@ -419,6 +467,7 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
     batch.log.push_back(std::move(row));
   }
   pending_log_.clear();
+  for (StoreBatch::CompletionBatch& c : pending_completions_) c.rows.push_back(']');
   batch.completions = std::move(pending_completions_);
   pending_completions_.clear();
   for (const std::string& name : touched_) {
@@ -451,20 +500,9 @@ Result<void> Store::write(const StoreBatch& batch) {
     insert_record_.bind_blob_ref(4, row.records);
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
   }
-  for (const CompletionRow& c : batch.completions) {
-    auto& s = insert_completion_;
-    s.bind_ref(1, c.run).bind(2, c.lease).bind_ref(3, c.worker).bind_ref(4, c.set);
-    s.bind(5, c.epoch).bind(6, c.job);
-    if (std::isfinite(c.loss)) {
-      s.bind(7, c.loss);
-    } else {
-      s.bind_null(7);
-    }
-    const std::string_view metrics =
-        c.metrics_json.empty() ? std::string_view("{}") : std::string_view(c.metrics_json);
-    s.bind(8, c.samples).bind_ref(9, metrics);
-    s.bind(10, c.time);
-    if (auto r = s.run(); !r) return rollback(r.error());
+  for (const StoreBatch::CompletionBatch& c : batch.completions) {
+    insert_completion_.bind_ref(1, c.run).bind_ref(2, c.rows);
+    if (auto r = insert_completion_.run(); !r) return rollback(r.error());
   }
   for (const StoreBatch::EpochRow& e : batch.epochs) {
     auto& s = upsert_epoch_;

@@ -25,6 +25,7 @@
 #include "core/clock.h"
 #include "core/engine.h"
 #include "core/error.h"
+#include "json/json_writer.h"
 #include "store/sqlite.h"
 
 namespace traincoord {
@@ -61,16 +62,18 @@ struct SavedRun {
   int64_t snapshot_seq = 0;
 };
 
+// An accepted completion, as the observer reports it (views: add_completion() encodes it at
+// once).
 struct CompletionRow {
-  std::string run;
+  std::string_view run;
   uint64_t lease = 0;
-  std::string worker;
-  std::string_view set;  // a literal: set_name()
+  std::string_view worker;
+  std::string_view set;
   int64_t epoch = 0;
   uint64_t job = 0;
-  double loss = 0;
+  double loss = 0;  // non-finite: written as null
   uint64_t samples = 0;
-  std::string metrics_json;  // empty: no metrics (written as {})
+  const std::vector<Metric>* metrics = nullptr;  // none: {}
   TimeMs time = 0;
 };
 
@@ -98,6 +101,11 @@ struct StoreBatch {
   struct RunRow {
     std::string name, state, reason;
   };
+  struct CompletionBatch {  // a run's accepted completions of this commit
+    std::string run;
+    std::string
+        rows;  // a JSON array of [lease, worker, set, epoch, job, loss, samples, metrics, time]
+  };
   struct SnapshotRow {
     std::string run;
     int64_t seq;  // the last log row it covers
@@ -106,7 +114,7 @@ struct StoreBatch {
   };
   std::vector<NewRun> runs;
   std::vector<LogRow> log;
-  std::vector<CompletionRow> completions;
+  std::vector<CompletionBatch> completions;
   std::vector<EpochRow> epochs;
   std::vector<RunRow> run_states;
   std::vector<SnapshotRow> snapshots;
@@ -120,7 +128,7 @@ struct StoreBatch {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
   static constexpr const char* kFileName = "traincoord.db";
 
   // Opens DIR/traincoord.db, creating DIR and the database on first use. Refuses, without
@@ -143,7 +151,7 @@ class Store {
                TimeMs created);
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                   std::string_view body);
-  void add_completion(CompletionRow row);
+  void add_completion(const CompletionRow& row);
   bool has_pending() const { return !pending_runs_.empty() || !pending_log_.empty(); }
 
   // Takes everything buffered, with the epochs and states of the runs it touched (read from
@@ -189,7 +197,8 @@ class Store {
     uint64_t count = 0;
   };
   std::vector<PendingLog> pending_log_;  // in the order of each run's first record
-  std::vector<CompletionRow> pending_completions_;
+  std::vector<StoreBatch::CompletionBatch> pending_completions_;  // "[row,row" per run
+  JsonWriter row_writer_;  // reused: a completion's row is written without a malloc
   std::set<std::string, std::less<>> touched_;
   std::map<std::string, uint64_t> records_since_snapshot_;
   std::map<std::string, int64_t> last_seq_;
