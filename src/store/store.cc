@@ -281,6 +281,9 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     store->next_seq_ = (max_seq->empty() ? 0 : std::stoll(*max_seq)) + 1;
     if (auto r = store->find_untrimmed(); !r) return tl::unexpected(r.error());
     if (auto r = store->prepare_statements(); !r) return tl::unexpected(r.error());
+    auto checkpointer = Checkpointer::start(path, store->db_.raw());
+    if (!checkpointer) return tl::unexpected(checkpointer.error());
+    store->checkpointer_ = std::move(*checkpointer);
   }
   return store;
 }
@@ -300,7 +303,8 @@ Result<void> Store::prepare_statements() {
       {&upsert_snapshot_,
        "INSERT OR REPLACE INTO snapshots (run, seq, time_ms, state) VALUES (?,?,?,?)"},
       {&delete_log_, "DELETE FROM log WHERE seq = ?"},
-      {&begin_, "BEGIN"},
+      // IMMEDIATE: the write lock at once, waiting (busy timeout) while a checkpoint holds it.
+      {&begin_, "BEGIN IMMEDIATE"},
       {&commit_, "COMMIT"},
   };
   for (auto& s : all) {

@@ -26,6 +26,7 @@
 #include "core/engine.h"
 #include "core/error.h"
 #include "json/json_writer.h"
+#include "store/checkpointer.h"
 #include "store/sqlite.h"
 
 namespace traincoord {
@@ -137,6 +138,9 @@ class Store {
   static Result<std::unique_ptr<Store>> open(const StoreOptions& options);
 
   const std::string& path() const { return path_; }
+  // Checkpoints of the WAL done so far (on the checkpointer's thread; for tests).
+  uint64_t checkpoints() const { return checkpointer_ ? checkpointer_->passes() : 0; }
+  uint64_t checkpoint_restarts() const { return checkpointer_ ? checkpointer_->restarts() : 0; }
   Durability durability() const { return options_.durability; }
 
   // The saved runs, with their latest snapshot.
@@ -186,6 +190,7 @@ class Store {
   sqlite::Db db_;
   sqlite::Statement insert_run_, insert_record_, insert_completion_, upsert_epoch_, update_run_,
       upsert_snapshot_, delete_log_, begin_, commit_;
+  std::unique_ptr<Checkpointer> checkpointer_;  // read-write only; (goes before db_ closes)
 
   // Engine thread (take() and the buffers): what is not yet taken, and the bookkeeping of
   // what was; db_ and the statements belong to write().
