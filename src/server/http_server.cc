@@ -308,6 +308,24 @@ class HttpServer::Impl {
         "# HELP traincoord_store_commit_batch_requests Requests answered per commit.\n"
         "# TYPE traincoord_store_commit_batch_requests histogram\n";
     commit_batch_.write(out, "traincoord_store_commit_batch_requests", "");
+    if (store_) {
+      out +=
+          "# HELP traincoord_store_checkpoints_total Passes copying the WAL into the database, "
+          "on the checkpointer's thread.\n"
+          "# TYPE traincoord_store_checkpoints_total counter\n"
+          "traincoord_store_checkpoints_total " +
+          std::to_string(store_->checkpoints()) +
+          "\n# HELP traincoord_store_wal_restarts_total Times the WAL was started over from its "
+          "beginning (it stays bounded).\n"
+          "# TYPE traincoord_store_wal_restarts_total counter\n"
+          "traincoord_store_wal_restarts_total " +
+          std::to_string(store_->checkpoint_restarts()) +
+          "\n# HELP traincoord_store_checkpoint_failures_total Checkpoints that failed (nothing "
+          "is lost: the WAL keeps every commit until one succeeds).\n"
+          "# TYPE traincoord_store_checkpoint_failures_total counter\n"
+          "traincoord_store_checkpoint_failures_total " +
+          std::to_string(store_->checkpoint_failures()) + "\n";
+    }
     return out;
   }
 

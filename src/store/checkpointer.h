@@ -45,10 +45,11 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Passes done on the checkpointer's thread, and times the writer started the WAL over (for
-  // tests).
+  // Passes done on the checkpointer's thread, times the writer started the WAL over, and
+  // checkpoints that failed (for metrics and tests).
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t restarts() const { return restarts_.load(std::memory_order_relaxed); }
+  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
 
  private:
   explicit Checkpointer(sqlite::Db db) : db_(std::move(db)) {}

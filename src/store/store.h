@@ -141,6 +141,7 @@ class Store {
   // Checkpoints of the WAL done so far (on the checkpointer's thread; for tests).
   uint64_t checkpoints() const { return checkpointer_ ? checkpointer_->passes() : 0; }
   uint64_t checkpoint_restarts() const { return checkpointer_ ? checkpointer_->restarts() : 0; }
+  uint64_t checkpoint_failures() const { return checkpointer_ ? checkpointer_->failures() : 0; }
   Durability durability() const { return options_.durability; }
 
   // The saved runs, with their latest snapshot.
