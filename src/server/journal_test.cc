@@ -11,22 +11,12 @@
 #include <string>
 
 #include "core/run_codec.h"
+#include "temp_dir.h"
 
 namespace traincoord {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/traincoord-journal-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using traincoord::testing::TempDir;
 
 constexpr const char* kConfig = R"({"name": "j", "data": {"train_batches": 23, "dev_batches": 5},
   "schedule": {"epochs": 4, "iters_per_worker": 2},

@@ -11,22 +11,12 @@
 
 #include "core/clock.h"
 #include "store/store.h"
+#include "temp_dir.h"
 
 namespace traincoord {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/traincoord-checkpoint-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using traincoord::testing::TempDir;
 
 constexpr uintmax_t kPage = 4096;          // SQLite's default page size
 const std::string kBody(400 * 1024, 'x');  // ~100 pages a commit

@@ -20,32 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.h"
+
 #ifndef TRAINCOORD_BIN
 #define TRAINCOORD_BIN "traincoord"
 #endif
 
 namespace traincoord::testing {
-
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/traincoord-test-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string file = path_ + "/" + name;
-    std::ofstream(file) << text;
-    return file;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 class ServerProcess {
  public:
