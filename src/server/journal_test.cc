@@ -139,6 +139,25 @@ void drive(Harness& h, uint64_t seed) {
   h.commit();
 }
 
+// A fresh engine, restored from the store in a data dir as `traincoord serve` does on start.
+struct Restored {
+  ServerClock clock;
+  Engine engine{clock};
+  Api api{engine, clock};
+  RestoreReport report;
+};
+
+void restore(const std::string& dir, bool read_only, Restored* into) {
+  StoreOptions o;
+  o.dir = dir;
+  o.read_only = read_only;
+  auto store = Store::open(o);
+  ASSERT_TRUE(store) << store.error().message;
+  auto report = restore_engine(**store, into->engine, into->api, into->clock);
+  ASSERT_TRUE(report) << report.error().message;
+  into->report = *report;
+}
+
 class Journal : public ::testing::TestWithParam<uint64_t> {};
 
 TEST_P(Journal, RestoreRebuildsTheRunExactly) {
@@ -151,29 +170,21 @@ TEST_P(Journal, RestoreRebuildsTheRunExactly) {
       drive(h, GetParam());
       before = saved_state(h.engine());
     }
-    StoreOptions o;
-    o.dir = dir.path();
-    o.read_only = true;
-    auto store = Store::open(o);
-    ASSERT_TRUE(store) << store.error().message;
-    ServerClock clock;
-    Engine engine(clock);
-    Api api(engine, clock);
-    auto report = restore_engine(**store, engine, api, clock);
-    ASSERT_TRUE(report) << report.error().message;
-    EXPECT_EQ(report->runs, 1u);
+    Restored r;
+    ASSERT_NO_FATAL_FAILURE(restore(dir.path(), /*read_only=*/true, &r));
+    EXPECT_EQ(r.report.runs, 1u);
     if (snapshot_every == 7) {
-      EXPECT_EQ(report->snapshots, 1u);
+      EXPECT_EQ(r.report.snapshots, 1u);
       // The log rows snapshots covered were deleted along the way (a few per commit).
       auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
       EXPECT_LE(std::stoi(*db->scalar("SELECT count(*) FROM log l JOIN snapshots s "
                                       "ON s.run = l.run WHERE l.seq <= s.seq")),
                 16);
     }
-    const traincoord::Run& run = **engine.find("j");
+    const traincoord::Run& run = **r.engine.find("j");
     EXPECT_GT(run.counters().completions_accepted, 20u);
     EXPECT_GT(run.counters().lease_expiries, 0u);
-    EXPECT_EQ(saved_state(engine), before);
+    EXPECT_EQ(saved_state(r.engine), before);
   }
 }
 
@@ -223,16 +234,9 @@ void rewrite_as_schema(const std::string& dir, int version) {
 
 // Opens the store in `dir` and restores it: the run must be `before`, byte for byte.
 void expect_restores(const std::string& dir, bool read_only, const std::string& before) {
-  StoreOptions o;
-  o.dir = dir;
-  o.read_only = read_only;
-  auto store = Store::open(o);
-  ASSERT_TRUE(store) << store.error().message;
-  ServerClock clock;
-  Engine engine(clock);
-  Api api(engine, clock);
-  ASSERT_TRUE(restore_engine(**store, engine, api, clock));
-  EXPECT_EQ(saved_state(engine), before);
+  Restored r;
+  ASSERT_NO_FATAL_FAILURE(restore(dir, read_only, &r));
+  EXPECT_EQ(saved_state(r.engine), before);
 }
 
 // Every completion in the database, as text, in lease order.
