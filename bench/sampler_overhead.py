@@ -1,101 +1,164 @@
-"""Coordination overhead of traincoord.torch against torch's DistributedSampler, in one run.
+"""What traincoord.torch costs a PyTorch loop next to torch's DistributedSampler, in one run.
 
-The same training loop (the digits MLP of examples/digits, one process, E epochs, train + dev)
-is timed with a DistributedSampler-fed DataLoader and with traincoord phases fed by a real
-coordinator (`traincoord serve --in-memory` on loopback), alternating, R rounds each.
+The digits model of examples/digits (an MLP, batches of 32, train + dev every epoch) is trained
+for E epochs on N ranks (DDP over gloo when N > 1), three ways, alternating, R rounds each:
 
-    /usr/bin/python3 bench/sampler_overhead.py [--epochs 10] [--rounds 3] [--iters-per-job 1]
+  1. DistributedSampler (shuffled every epoch with set_epoch);
+  2. traincoord, 1 batch per job;
+  3. traincoord, 8 batches per job;
+
+both traincoord ways with a real coordinator (`traincoord serve --in-memory` on loopback),
+per-epoch sample shuffling and the default prefetch. An epoch's time is the slowest rank's.
+Prints the best of R per way, per epoch, and its ratio to (1).
+
+    /usr/bin/python3 bench/sampler_overhead.py [--ranks 1] [--epochs 10] [--rounds 3]
+        [--prefetch 4]
 """
 
 import argparse
+import contextlib
+import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "examples" / "digits"))
-import traincoord  # noqa: E402
-import traincoord.torch  # noqa: E402
-from train import DEV, TRAIN, datasets  # noqa: E402
 
 
-def model_and_optimizer():
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(args):
+    """One rank of one way: trains, prints {"elapsed": seconds} as its last line."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import traincoord
+    import traincoord.torch
+    from train import DEV, TRAIN, datasets
+
+    torch.set_num_threads(1)
+    world = int(os.environ["WORLD_SIZE"])
+    if world > 1:
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
+    train_set, dev_set = datasets()
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
-def step(model, optimizer, loss_fn, x, y):
-    optimizer.zero_grad()
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
-def with_distributed_sampler(train_set, dev_set, epochs):
-    model, optimizer = model_and_optimizer()
+    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    sampler = torch.utils.data.DistributedSampler(train_set, num_replicas=1, rank=0, seed=1)
-    loader = torch.utils.data.DataLoader(train_set, batch_size=32, sampler=sampler)
-    dev = torch.utils.data.DataLoader(dev_set, batch_size=32)
-    start = time.perf_counter()
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            step(model, optimizer, loss_fn, x, y)
-        with torch.no_grad():
-            for x, y in dev:
-                loss_fn(model(x), y)
-    return time.perf_counter() - start
 
+    def train_step(x, y):
+        optimizer.zero_grad()
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
 
-def with_traincoord(train_set, dev_set, url, run_name):
-    model, optimizer = model_and_optimizer()
-    loss_fn = nn.CrossEntropyLoss()
-    run = traincoord.Run(url, run_name, "bench", heartbeats=False)
-    phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV})
+    if world > 1:
+        dist.barrier()
     start = time.perf_counter()
-    for phase in phases:
-        if phase.set == "train":
-            for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
-                loss = step(model, optimizer, loss_fn, x, y)
-                phase.report(loss.item(), len(y))
-        else:
+    if args.way == "sampler":
+        rank = int(os.environ["RANK"])
+        train_sampler = torch.utils.data.DistributedSampler(train_set, world, rank, seed=1)
+        dev_sampler = torch.utils.data.DistributedSampler(dev_set, world, rank, shuffle=False)
+        train = torch.utils.data.DataLoader(train_set, batch_size=32, sampler=train_sampler)
+        dev = torch.utils.data.DataLoader(dev_set, batch_size=32, sampler=dev_sampler)
+        for epoch in range(args.epochs):
+            train_sampler.set_epoch(epoch)
+            for x, y in train:
+                train_step(x, y)
             with torch.no_grad():
-                for x, y in torch.utils.data.DataLoader(dev_set, batch_sampler=phase):
-                    phase.report(loss_fn(model(x), y).item(), len(y))
+                for x, y in dev:
+                    loss_fn(model(x), y)
+    else:
+        run = traincoord.Run(args.url, args.run, f"rank{os.environ['RANK']}")
+        phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV},
+                                         prefetch=args.prefetch)
+        for phase in phases:
+            if phase.set == "train":
+                join = (ddp.join(divide_by_initial_world_size=False) if world > 1
+                        else contextlib.nullcontext())
+                with join:
+                    for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
+                        phase.report(train_step(x, y).item())
+            else:
+                with torch.no_grad():
+                    for x, y in torch.utils.data.DataLoader(dev_set, batch_sampler=phase):
+                        phase.report(loss_fn(model(x), y).item())
+        run.close()
     elapsed = time.perf_counter() - start
-    jobs = run.status()["progress"]["jobs_done"]
-    run.close()
-    return elapsed, jobs
+    if world > 1:
+        dist.destroy_process_group()
+    print(json.dumps({"elapsed": elapsed}), flush=True)
+
+
+def run_way(args, way, url="", run=""):
+    """Starts the ranks of one way; returns the slowest rank's time."""
+    port = free_port()
+    procs = []
+    for rank in range(args.ranks):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--rank-of", way, "--url", url, "--run", run,
+             "--epochs", str(args.epochs), "--prefetch", str(args.prefetch)],
+            env=env, stdout=subprocess.PIPE, text=True))
+    times = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise SystemExit(f"a rank of {way} failed (exit {p.returncode})")
+            times.append(json.loads(out.strip().splitlines()[-1])["elapsed"])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return max(times)
 
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iters-per-job", type=int, default=1)
+    parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--traincoord", default=str(REPO / "build" / "traincoord"))
+    parser.add_argument("--rank-of", dest="way", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--run", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    train_set, dev_set = datasets()
+    if args.way:
+        return rank_main(args)
 
+    from train import DEV, TRAIN
+    ways = {"sampler": ("DistributedSampler", 0), "tc1": ("traincoord, 1 batch/job", 1),
+            "tc8": ("traincoord, 8 batches/job", 8)}
+    times = {way: [] for way in ways}
     with tempfile.TemporaryDirectory() as tmp:
         configs = []
         for r in range(args.rounds):
-            path = Path(tmp) / f"r{r}.toml"
-            path.write_text(f'name = "r{r}"\n[data]\ntrain_samples = {TRAIN}\ndev_samples = {DEV}\n'
-                            f'batch_size = 32\nseed = 1\n[schedule]\nepochs = {args.epochs}\n'
-                            f'iters_per_worker = {args.iters_per_job}\n')
-            configs += ["--config", str(path)]
+            for way, (_, per_job) in ways.items():
+                if not per_job:
+                    continue
+                path = Path(tmp) / f"{way}-{r}.toml"
+                path.write_text(f'name = "{way}-{r}"\n[data]\ntrain_samples = {TRAIN}\n'
+                                f'dev_samples = {DEV}\nbatch_size = 32\nseed = 1\n'
+                                f'[schedule]\nepochs = {args.epochs}\n'
+                                f'iters_per_worker = {per_job}\n')
+                configs += ["--config", str(path)]
         server = subprocess.Popen([args.traincoord, "serve", *configs, "--in-memory", "--listen",
                                    "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
         try:
@@ -104,22 +167,18 @@ def main():
                 if m:
                     url = m.group(1)
                     break
-            plain, coordinated, jobs = [], [], 0
             for r in range(args.rounds):
-                plain.append(with_distributed_sampler(train_set, dev_set, args.epochs))
-                t, jobs = with_traincoord(train_set, dev_set, url, f"r{r}")
-                coordinated.append(t)
+                for way in ways:
+                    times[way].append(run_way(args, way, url, f"{way}-{r}"))
         finally:
             server.kill()
             server.wait()
-    best_plain, best_coord = min(plain), min(coordinated)
-    per_job_ms = (best_coord - best_plain) / jobs * 1000
-    print(f"{args.epochs} epochs of digits, batch 32, {args.iters_per_job} batch(es) per job, "
-          f"{jobs} jobs; best of {args.rounds}:")
-    print(f"  DistributedSampler  {best_plain:.3f} s")
-    print(f"  traincoord          {best_coord:.3f} s   overhead {100 * (best_coord / best_plain - 1):.1f}%"
-          f"   ({per_job_ms:.2f} ms per job)")
-    print(f"  the overhead is under 2% once a job's compute is over {per_job_ms / 0.02:.0f} ms")
+    base = min(times["sampler"]) / args.epochs
+    print(f"digits, {args.epochs} epochs (train + dev), batch 32, {args.ranks} rank(s), prefetch "
+          f"{args.prefetch}; best of {args.rounds}, per epoch:")
+    for way, (label, _) in ways.items():
+        per_epoch = min(times[way]) / args.epochs
+        print(f"  {label:28s} {per_epoch * 1000:8.1f} ms   {per_epoch / base:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--die-at-epoch", type=int, default=-1,
                         help="exit abruptly at the start of this train epoch (rank 1)")
+    parser.add_argument("--loader-workers", type=int, default=0,
+                        help="DataLoader num_workers (each rank's loader processes)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -61,60 +63,59 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
 
     run = traincoord.Run.from_env(long_poll=20)
-    phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV})
-    last_dev = -1
+    best = {}
+
+    def epoch_ended(set_name, epoch, record):
+        """Once per epoch on every rank, after the coordinator closed it (so its loss is
+        final and early stopping has judged it): rank 0 prints it and keeps the best model."""
+        if set_name == "dev" and rank == 0:
+            report(run, epoch, record, model, args.checkpoint, best)
+
+    phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV},
+                                     on_epoch_end=epoch_ended)
+    options = {"num_workers": args.loader_workers}
     for phase in phases:
         if phase.set == "train":
             if rank == 1 and phase.epoch == args.die_at_epoch:
                 os._exit(137)
-            # The barrier before this epoch closed the last dev epoch and judged it.
-            if rank == 0 and last_dev >= 0:
-                report(run, last_dev, model, args.checkpoint)
             ddp.train()
             # DDP's join: ranks that run out of jobs first shadow the others' all-reduces.
             join = (ddp.join(divide_by_initial_world_size=False) if distributed
                     else contextlib.nullcontext())
             with join:
-                for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
+                for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase, **options):
                     optimizer.zero_grad()
                     loss = loss_fn(ddp(x), y)
                     loss.backward()
                     optimizer.step()
-                    phase.report(loss.item(), len(y))
+                    phase.report(loss.item())  # after the step: this batch is trained
         else:
             model.eval()
             with torch.no_grad():
-                for x, y in torch.utils.data.DataLoader(dev_set, batch_sampler=phase):
+                for x, y in torch.utils.data.DataLoader(dev_set, batch_sampler=phase, **options):
                     out = model(x)
                     accuracy = (out.argmax(1) == y).float().mean().item()
-                    phase.report(loss_fn(out, y).item(), len(y), accuracy=accuracy)
-            last_dev = phase.epoch
+                    phase.report(loss_fn(out, y).item(), accuracy=accuracy)
     if rank == 0:
-        report(run, last_dev, model, args.checkpoint)
-        status = run.status()
-        best = status["early_stop"]["best_epoch"]
-        dev = {e["epoch"]: e for e in status["epochs"] if e["set"] == "dev" and e["closed"]}
         print(f"run {run.finished.state}: {run.finished.reason}", flush=True)
-        if best is not None:
-            print(f"best epoch {best}: dev loss {dev[best]['loss']:.4f}, dev accuracy "
-                  f"{dev[best]['metrics']['accuracy']:.4f}; checkpoint {args.checkpoint}",
-                  flush=True)
+        if best:
+            print(f"best epoch {best['epoch']}: dev loss {best['loss']:.4f}, dev accuracy "
+                  f"{best['accuracy']:.4f}; checkpoint {args.checkpoint}", flush=True)
     run.close()
     if distributed:
         dist.destroy_process_group()
 
 
-def report(run, epoch, model, checkpoint):
+def report(run, epoch, dev, model, checkpoint, best):
     """Prints epoch `epoch`'s losses and accuracy; saves the model if it is the best epoch."""
     status = run.status()
-    epochs = {(e["set"], e["epoch"]): e for e in status["epochs"]}
-    train, dev = epochs.get(("train", epoch)), epochs.get(("dev", epoch))
-    if not dev or not dev["closed"]:
-        return
+    train = next(e for e in status["epochs"] if (e["set"], e["epoch"]) == ("train", epoch))
+    accuracy = dev["metrics"].get("accuracy", float("nan"))
     line = (f"epoch {epoch:2d}  train loss {train['loss']:.4f}  dev loss {dev['loss']:.4f}  "
-            f"dev accuracy {dev['metrics'].get('accuracy', float('nan')):.4f}")
+            f"dev accuracy {accuracy:.4f}")
     if status["early_stop"]["best_epoch"] == epoch:
         torch.save(model.state_dict(), checkpoint)
+        best.update(epoch=epoch, loss=dev["loss"], accuracy=accuracy)
         line += "  (best so far: saved)"
     print(line, flush=True)
 

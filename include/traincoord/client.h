@@ -19,6 +19,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -121,6 +125,9 @@ class Worker {
       const std::vector<std::pair<Job, Completion>>& done, size_t n);
   // Gives the job back as failed (it counts as a failed attempt).
   Result<void> fail(const Job& job, const std::string& reason);
+  // Hands jobs back untouched (not a failed attempt): another worker trains them, and a later
+  // completion of theirs is not counted.
+  Result<void> release(const std::vector<Job>& jobs);
   // Leaves the run: held jobs go back at once. The destructor does not leave.
   Result<void> leave();
 
@@ -133,6 +140,7 @@ class Worker {
   const std::string& name() const { return options_.worker_name; }
 
  private:
+  friend class JobStream;
   explicit Worker(Options options);
   Result<void> register_worker();
   Result<std::string> call(const std::string& action, const std::string& body,
@@ -155,6 +163,82 @@ class Worker {
   std::vector<Completed> last_outcomes_;
   struct Heartbeats;
   std::unique_ptr<Heartbeats> heartbeats_;
+};
+
+// A job loop that does not wait for the coordinator between jobs: a thread of its own keeps up
+// to `depth` jobs fetched ahead (each a held lease, heartbeated) and sends completions behind,
+// together with the request for the next jobs. It long-polls only when the caller waits and no
+// completion is queued, so an epoch barrier waiting on this worker's own completions never
+// stalls. While a stream is open, use its worker only through it.
+//
+//   traincoord::client::JobStream stream(**worker);
+//   for (auto job = stream.next(); job && *job; job = stream.next()) {
+//     stream.complete(**job, {.loss = train((*job)->batches), .samples = 32});  // returns at once
+//   }
+//   stream.close();  // hands back what was fetched ahead, sends what is queued
+class JobStream {
+ public:
+  // REQUIRES: 1 <= depth <= 64; `worker` outlives the stream.
+  explicit JobStream(Worker& worker, size_t depth = 2);
+  ~JobStream();  // close()
+  JobStream(const JobStream&) = delete;
+  JobStream& operator=(const JobStream&) = delete;
+
+  // The next job: one fetched ahead, else waits (long-polling) for one. nullopt when the run
+  // is finished (the worker's finished() says how). An error of the background thread (a
+  // completion refused, the coordinator unreachable for give_up_after) is returned here.
+  Result<std::optional<Job>> next();
+  // Queues the job's completion and returns at once.
+  void complete(const Job& job, const Completion& completion);
+  // Hands back the jobs fetched ahead and not taken, sends the queued completions, stops the
+  // thread. Idempotent; returns the first error the stream met.
+  Result<void> close();
+  // How the completions sent so far were taken, in the order they were queued.
+  std::vector<Completed> outcomes() const;
+
+ private:
+  void loop();
+  bool has_work() const;
+
+  Worker& worker_;
+  const size_t depth_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> ready_;
+  std::vector<std::pair<Job, Completion>> outbox_;
+  std::vector<Completed> outcomes_;
+  size_t in_flight_ = 0;
+  bool dry_ = false;      // the last acquire found no job right now
+  bool waiting_ = false;  // the caller waits in next()
+  bool finished_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+  std::optional<ClientError> error_;
+  std::thread thread_;
+};
+
+// Which samples make up a batch: batch b of an epoch holds the samples at positions
+// [b * batch_size, (b + 1) * batch_size) of the epoch's sample order, a keyed permutation
+// computed on demand (O(1) memory). The same numbers as the Python client's
+// traincoord.order.SampleOrder (docs/PYTHON.md, "Sample order").
+class SampleOrder {
+ public:
+  enum class Shuffle {
+    kEpoch,  // a fresh permutation every epoch (DistributedSampler.set_epoch)
+    kFixed,  // one permutation for the whole run: batch membership never changes
+    kNone,   // the data set's own order (length-bucketed data: sort it, then batch it)
+  };
+  // `set`: "train" or "dev". `seed`: the run's data.seed, so that every worker agrees.
+  SampleOrder(uint64_t samples, uint64_t batch_size, uint64_t seed, const std::string& set,
+              Shuffle shuffle = Shuffle::kEpoch);
+  uint64_t batches() const;
+  // The samples of batch `batch` of epoch `epoch`. REQUIRES: batch < batches().
+  std::vector<uint64_t> batch(int64_t epoch, uint64_t batch) const;
+  // The samples of every batch of `job`, in its order.
+  std::vector<std::vector<uint64_t>> samples_of(const Job& job) const;
+
+ private:
+  std::shared_ptr<const void> order_;  // the core's SampleOrder
 };
 
 // One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or

@@ -227,3 +227,31 @@ def test_workers_finish_the_run_over_tls_and_an_untrusted_certificate_is_refused
         check_exactly_once(ledger)
     finally:
         s.kill()
+
+
+def test_a_prefetching_job_loop_trains_every_batch_once(server):
+    ledger, lock = collections.defaultdict(list), threading.Lock()
+    outcomes = []
+
+    def fed(name):
+        with traincoord.Run(server.url, "py", name, long_poll=2) as run:
+            jobs = []
+            for job in run.jobs(prefetch=3):
+                job.complete(loss=0.1 * (job.epoch + 1), samples=len(job.batches))
+                jobs.append(job)
+            outcomes.extend(j.outcome for j in jobs)  # all sent once the loop ended
+            with lock:
+                for j in jobs:
+                    if j.outcome == "accepted":
+                        ledger[(j.set, j.epoch)].extend(j.batches)
+            return run.finished
+
+    ends = []
+    threads = [threading.Thread(target=lambda i=i: ends.append(fed(f"f{i}"))) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [e.state for e in ends] == ["completed", "completed"]
+    assert None not in outcomes
+    check_exactly_once(ledger)

@@ -6,18 +6,21 @@
         loss = train_on(job.batches)
         job.complete(loss=loss, samples=len(job.batches) * batch_size)
 
-Standard library only. Every call has a timeout; a coordinator that is down or restarting is
-retried with exponential backoff and jitter until ``give_up_after`` seconds, then
-:class:`Unreachable` is raised; leases are kept alive by a background heartbeat thread.
+Every call has a timeout; a coordinator that is down or restarting is
+retried with exponential backoff and jitter until ``give_up_after`` seconds (a coordinator never
+reached: ``first_contact_timeout``), then :class:`Unreachable` is raised, each retry logged as
+a warning on the ``traincoord`` logger; leases are kept alive by a background heartbeat thread.
+The Python standard library only, except ``traincoord.torch`` (PyTorch).
 """
 
 from .client import (
     CoordinatorError,
     Finished,
     Job,
+    JobFeed,
     Run,
     Unreachable,
 )
 
-__all__ = ["CoordinatorError", "Finished", "Job", "Run", "Unreachable"]
+__all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable"]
 __version__ = "0.1.0"

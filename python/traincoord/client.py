@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import collections
 import http.client
 import json
+import logging
 import math
 import os
 import random
@@ -12,8 +15,11 @@ import ssl
 import threading
 import time
 import urllib.parse
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+log = logging.getLogger("traincoord")
 
 
 class CoordinatorError(Exception):
@@ -53,6 +59,7 @@ class Job:
     _run: "Run | None" = field(default=None, repr=False, compare=False)
     _result: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _sent: bool = field(default=False, repr=False, compare=False)
+    _samples: Any = field(default=None, repr=False, compare=False)  # set by a feed's prepare
     outcome: str | None = field(default=None, compare=False)
 
     def complete(self, loss: float, samples: int = 0, **metrics: float) -> None:
@@ -127,6 +134,7 @@ class _Connection:
         self.host, self.port, self.timeout = host, port, timeout
         self.token, self.tls = token, tls
         self.conn: http.client.HTTPConnection | None = None
+        self.give_up_after: float | None = None  # overrides the run's (e.g. while closing)
 
     def request(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
@@ -182,14 +190,20 @@ class Run:
     $TRAINCOORD_KEY_FILE). jobs_per_request: how many jobs ``jobs()`` takes in one request
     (1 to 64); with N > 1 the loop yields them one after the other and reports their
     completions together with the request for the next N, so a small job costs 1/N of a round
-    trip (its loss reaches the coordinator up to N - 1 jobs later).
+    trip (its loss reaches the coordinator up to N - 1 jobs later). first_contact_timeout:
+    seconds to keep trying before the coordinator has answered once (a wrong host name or a
+    refused connection fails within these seconds with a clear message; give_up_after applies
+    once it has answered, e.g. across its restart).
+
+    Failed requests are retried with a warning on the ``logging.getLogger("traincoord")``
+    logger (the URL and the error).
     """
 
     def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
                  long_poll: float = 20.0, give_up_after: float = 300.0,
                  heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None,
-                 jobs_per_request: int = 1) -> None:
+                 jobs_per_request: int = 1, first_contact_timeout: float = 10.0) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
         if parsed.scheme not in ("http", "https") or not parsed.port:
             raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
@@ -201,6 +215,10 @@ class Run:
         self.url, self.run = url, run
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
+        self.first_contact_timeout = first_contact_timeout
+        self._reached = False  # whether the coordinator has answered this client once
+        self._feeds: list[JobFeed] = []
+        self._pid = os.getpid()
         self._host, self._port = parsed.hostname, parsed.port
         self._token = token if token is not None else _token_from_environment()
         self._tls = _tls_context(ca_file, cert_file, key_file) if parsed.scheme == "https" else None
@@ -218,6 +236,7 @@ class Run:
             self._heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                                 name=f"traincoord-heartbeat-{self.worker}")
             self._heartbeats.start()
+        _open_runs.add(self)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "Run":
@@ -231,10 +250,17 @@ class Run:
 
     # ---- the loop -------------------------------------------------------------------------
 
-    def jobs(self, stop_at_wait: bool = False) -> Iterator[Job]:
+    def jobs(self, stop_at_wait: bool = False, prefetch: int = 0) -> Iterator[Job]:
         """Yields jobs until the run is finished (then ``self.finished`` says how). Complete
         (or fail) each job before asking for the next. With stop_at_wait, the loop also ends
-        when the coordinator has no job right now (an epoch barrier) instead of waiting."""
+        when the coordinator has no job right now (an epoch barrier) instead of waiting.
+        With prefetch=N (1 to 64), a JobFeed keeps N jobs fetched ahead and sends completions
+        behind on a thread of its own: the loop never waits for a round trip between jobs, and
+        job.outcome is set once the completion was sent. Jobs fetched ahead and not yielded go
+        back when the loop ends."""
+        if prefetch:
+            yield from self._jobs_fed(stop_at_wait, prefetch)
+            return
         if self.jobs_per_request > 1:
             yield from self._jobs_in_groups(wait=not stop_at_wait)
             return
@@ -245,6 +271,22 @@ class Run:
                 job = self.next_job(wait=not stop_at_wait)
             else:
                 job = self._complete(job, next_job=True, wait=not stop_at_wait)
+
+    def _jobs_fed(self, stop_at_wait: bool, depth: int) -> Iterator[Job]:
+        feed = self.feed(depth)
+        try:
+            while True:
+                job = feed.head() if stop_at_wait else (feed.head() or feed.wait())
+                if job is None:
+                    feed.flush()
+                    return
+                feed.pop()
+                yield from self._hand_over(job)
+                if "failed" not in job._result:
+                    feed.complete(job)
+        finally:
+            feed.close()
+            self._feeds.remove(feed)
 
     def _hand_over(self, job: Job) -> Iterator[Job]:
         """Yields `job` to the loop's body, which must complete or fail it."""
@@ -338,7 +380,33 @@ class Run:
         """Leaves the run: held jobs go back at once."""
         self._post("leave", {"worker": self.id})
 
+    def release(self, jobs: "list[Job]") -> int:
+        """Hands jobs back untouched (not a failed attempt): another worker will train them,
+        and a later completion of theirs is not counted. Returns how many went back."""
+        for job in jobs:
+            self._drop(job.lease)
+        if not jobs:
+            return 0
+        reply = self._post("release", {"worker": self.id, "leases": [j.lease for j in jobs]})
+        return int(reply["released"])
+
+    def feed(self, depth: int = 2, prepare: "Callable[[Job], None] | None" = None,
+             before_close: "Callable[[], None] | None" = None) -> "JobFeed":
+        """A background thread that keeps `depth` jobs fetched ahead of the caller and sends
+        completions without blocking it (docs/PYTHON.md, "Prefetch"). `prepare(job)` runs on
+        that thread for each job as it arrives (e.g. to compute its samples); `before_close()`
+        runs first thing in its close()."""
+        feed = JobFeed(self, depth, prepare, before_close)
+        self._feeds.append(feed)
+        return feed
+
     def close(self) -> None:
+        """Gives back the jobs fetched ahead and not trained, sends the completions still
+        queued, and stops the background threads. Idempotent."""
+        for feed in self._feeds:
+            feed.close()
+        self._feeds.clear()
+        _open_runs.discard(self)
         self._stop.set()
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self.timeout)
@@ -355,8 +423,8 @@ class Run:
     def _in_loop(self, job: Job) -> bool:
         return self._current is job
 
-    def _register(self) -> None:
-        reply = self._post("workers", {"name": self.worker}, registering=True)
+    def _register(self, conn: "_Connection | None" = None) -> None:
+        reply = self._post("workers", {"name": self.worker}, registering=True, conn=conn)
         self.id = reply["worker"]
         self.heartbeat_interval = reply["heartbeat_interval_ms"] / 1000.0
 
@@ -407,26 +475,30 @@ class Run:
         self._post("fail", {"worker": self.id, "lease": job.lease, "reason": reason[:1000]})
 
     def _post(self, action: str, body: dict[str, Any], extra: float = 0,
-              registering: bool = False) -> dict[str, Any]:
+              registering: bool = False, conn: "_Connection | None" = None) -> dict[str, Any]:
         try:
-            return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra)
+            return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra, conn)
         except CoordinatorError as e:
             if (not registering and e.status == 404 and "has not registered" in e.message
                     and action != "complete"):
-                self._register()  # the coordinator restarted without our registration
+                self._register(conn)  # the coordinator restarted without our registration
                 body = {**body, "worker": self.id}
-                return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra)
+                return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra, conn)
             raise
 
-    def _request(self, method: str, path: str, body: Any, extra: float) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: Any, extra: float,
+                 conn: "_Connection | None" = None) -> dict[str, Any]:
         """One request, retried with exponential backoff and full jitter while the coordinator
-        is unreachable or answers 5xx, for at most give_up_after seconds."""
+        is unreachable or answers 5xx, for at most give_up_after seconds (first_contact_timeout
+        before the coordinator has answered this client once). Each retry logs a warning."""
+        conn = conn or self._conn
         failing_since = None
         backoff = 0.1
         while True:
             try:
-                status, data = self._conn.request(method, path, body, self.timeout + extra)
+                status, data = conn.request(method, path, body, self.timeout + extra)
                 if status < 500:
+                    self._reached = True
                     reply = json.loads(data) if data else {}
                     if status in (200, 201):
                         return reply
@@ -440,14 +512,32 @@ class Run:
                 else:  # an alert (e.g. no client certificate): retrying will not help
                     raise CoordinatorError(f"TLS: the coordinator at {self.url} refused the "
                                            f"connection: {e.reason or e}", code="tls") from None
+            except socket.gaierror as e:
+                last = f"cannot resolve host {self._host!r}: {e.strerror or e}"
+            except ConnectionRefusedError:
+                last = f"connection refused by {self._host}:{self._port}"
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
             now = time.monotonic()
             failing_since = failing_since or now
-            if now - failing_since >= self.give_up_after:
+            window = self.give_up_after if self._reached else self.first_contact_timeout
+            if conn.give_up_after is not None:
+                window = min(window, conn.give_up_after)
+            if now - failing_since >= window:
+                if not self._reached:
+                    raise Unreachable(
+                        f"cannot reach the coordinator at {self.url} ({last}); tried for "
+                        f"{now - failing_since:.0f} s. Is `traincoord serve` running there, and "
+                        "is the URL right? (first_contact_timeout sets how long to try)",
+                        code="unreachable")
                 raise Unreachable(f"the coordinator at {self.url} has not answered for "
-                                  f"{now - failing_since:.0f} s; giving up (last error: {last})")
-            time.sleep(random.uniform(backoff / 2, backoff))
+                                  f"{now - failing_since:.0f} s; giving up (last error: {last})",
+                                  code="unreachable")
+            pause = random.uniform(backoff / 2, backoff)
+            log.warning("%s %s%s: %s; retrying in %.1f s (failing for %.0f s, giving up after "
+                        "%.0f s)", method, self.url, path, last, pause, now - failing_since,
+                        window)
+            time.sleep(pause)
             backoff = min(5.0, backoff * 2)
 
     def _heartbeat_loop(self) -> None:
@@ -462,3 +552,258 @@ class Run:
             except (OSError, http.client.HTTPException, CoordinatorError):
                 pass  # the next heartbeat may get through in time
         conn.close()
+
+
+class JobFeed:
+    """Jobs fetched ahead and completions sent behind, on a thread of its own, so the training
+    loop never waits for a round trip (``Run.feed``; ``traincoord.torch.Phases`` uses one).
+
+    The thread keeps up to `depth` jobs fetched (each a held lease: heartbeated, and given back
+    by ``close``), and sends the completions queued by ``complete`` together with the request
+    for the next jobs, about depth / 2 of each per round trip. It never long-polls while completions are queued, so an epoch barrier
+    that waits on this worker's own completions cannot stall. Errors it meets are raised by the
+    next call of the consumer."""
+
+    def __init__(self, run: Run, depth: int = 2, prepare: Callable[[Job], None] | None = None,
+                 before_close: Callable[[], None] | None = None) -> None:
+        if not 1 <= depth <= 64:
+            raise CoordinatorError(f"depth must be 1 to 64, got {depth}", field="depth")
+        self._run, self._depth, self._prepare = run, depth, prepare
+        self._before_close = before_close
+        self._conn = _Connection(run._host, run._port, run.timeout, run._token, run._tls)
+        self._cv = threading.Condition()
+        self._ready: collections.deque[Job] = collections.deque()
+        self._outbox: list[Job] = []
+        self._releases: list[Job] = []
+        self._in_flight = 0  # completions and releases taken by the thread, not yet answered
+        self._dry = False  # the last acquire found no job right now
+        self._asked = 0  # probes asked by the consumer (a fresh "is there a job now?")
+        self._answered = 0
+        self._long_poll = False  # the consumer waits for a job, across an epoch barrier
+        self._flushing = 0  # callers of flush(): send what is queued now
+        self._started = False  # nothing is fetched before the consumer first asks
+        self.finished: Finished | None = None
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"traincoord-feed-{run.worker}")
+        self._thread.start()
+
+    # ---- the consumer's side --------------------------------------------------------------
+
+    def head(self) -> Job | None:
+        """The next job without taking it: one fetched ahead, else the coordinator is asked
+        (without waiting at a barrier). None when it has none right now, or the run is
+        finished (``finished`` then says how)."""
+        with self._cv:
+            self._raise_error()
+            self._started = True
+            if not self._ready and self.finished is None:
+                self._asked += 1
+                asked = self._asked
+                self._cv.notify_all()
+                self._cv.wait_for(lambda: self._ready or self._answered >= asked
+                                  or self._error is not None or self.finished is not None)
+                self._raise_error()
+            return self._ready[0] if self._ready else None
+
+    def wait(self) -> Job | None:
+        """Like head(), but waits (long-polling) across epoch barriers: None only when the
+        run is finished."""
+        with self._cv:
+            self._raise_error()
+            self._started = True
+            if not self._ready and self.finished is None:
+                self._long_poll = True
+                self._cv.notify_all()
+                self._cv.wait_for(lambda: self._ready or self._error is not None
+                                  or self.finished is not None)
+                self._long_poll = False
+                self._raise_error()
+            return self._ready[0] if self._ready else None
+
+    def pop(self) -> Job:
+        """Takes the job head() or wait() returned."""
+        with self._cv:
+            job = self._ready.popleft()
+            self._cv.notify_all()  # room for one more ahead
+            return job
+
+    def complete(self, job: Job, result: dict[str, Any] | None = None) -> None:
+        """Queues the job's completion (`result`, or what job.complete() recorded); returns at
+        once. job.outcome is set when it is sent."""
+        if result is not None:
+            if job._result is not None:
+                raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} completed "
+                                   "twice")
+            job._result = result
+        elif job._result is None:
+            raise RuntimeError(f"job {job.index} of {job.set} epoch {job.epoch} has no result")
+        with self._cv:
+            self._raise_error()
+            self._outbox.append(job)
+            self._dry = False  # a completion may open the next epoch
+            self._cv.notify_all()
+
+    def release(self, jobs: list[Job]) -> None:
+        """Queues jobs to hand back untrained (not a failed attempt); returns at once."""
+        with self._cv:
+            self._releases.extend(jobs)
+            self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Sends every queued completion and release now, and waits for their answers."""
+        with self._cv:
+            self._flushing += 1
+            self._cv.notify_all()
+            try:
+                self._cv.wait_for(lambda: (not self._outbox and not self._releases
+                                           and not self._in_flight)
+                                  or self._error is not None or not self._thread.is_alive())
+            finally:
+                self._flushing -= 1
+            self._raise_error()
+
+    def close(self) -> None:
+        """Hands back the jobs fetched ahead, sends what is queued, stops the thread."""
+        if self._before_close is not None and not self._closing:
+            self._before_close()
+        with self._cv:
+            if self._closing:
+                return
+            self._releases.extend(self._ready)
+            self._ready.clear()
+            self._closing = True
+            # What is left to send is not worth minutes of retries: a lease not given back
+            # expires, a completion not sent is trained again.
+            self._conn.give_up_after = min(self._run.give_up_after, 10.0)
+            self._cv.notify_all()
+        self._thread.join(timeout=self._run.timeout + self._run.long_poll)
+        if self._thread.is_alive():
+            log.warning("the job feed of worker %s did not stop in time; its jobs will be "
+                        "handed out again when their leases run out", self._run.worker)
+        self._conn.close()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # ---- the thread -----------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        # Jobs are fetched, and completions sent, in groups of about depth / 2: one round trip
+        # carries several (tiny jobs pay a fraction of it), and the group is asked for while
+        # the other half is still ahead of the consumer.
+        group = max(1, self._depth // 2)
+        if self._releases or len(self._outbox) >= group or (self._outbox and self._flushing):
+            return True
+        if self._closing or self.finished is not None:
+            return bool(self._outbox)
+        if self._asked > self._answered or self._long_poll:
+            return True
+        return self._started and not self._dry and len(self._ready) <= self._depth - group
+
+    def _loop(self) -> None:
+        run = self._run
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._has_work() or self._closing)
+                if not self._has_work():
+                    return  # closing, and everything was sent
+                releases, self._releases = self._releases, []
+                done, self._outbox = self._outbox[:64], self._outbox[64:]
+                self._in_flight = len(releases) + len(done)
+                asked = self._asked
+                stopping = self._closing or self.finished is not None
+                need = 0 if stopping else max(0, self._depth - len(self._ready))
+                if not stopping and asked > self._answered:
+                    need = max(need, 1)
+                if self._dry and asked <= self._answered and not self._long_poll:
+                    need = 0
+                long_poll = self._long_poll and not done and not releases and need > 0
+            try:
+                jobs, status = self._exchange(releases, done, need, long_poll)
+                if self._prepare is not None:
+                    for job in jobs:
+                        self._prepare(job)
+            except BaseException as e:  # handed to the consumer: raised by its next call
+                log.warning("worker %s: %s", run.worker, e)
+                with self._cv:
+                    self._error = e
+                    self._in_flight = 0
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                if self._closing:  # fetched while closing: straight back
+                    self._releases.extend(jobs)
+                else:
+                    self._ready.extend(jobs)
+                self._in_flight = 0
+                if need:
+                    self._answered = max(self._answered, asked)
+                    self._dry = status == "wait" and not jobs
+                self._cv.notify_all()
+
+    def _exchange(self, releases: list[Job], done: list[Job], need: int,
+                  long_poll: bool) -> tuple[list[Job], str]:
+        """One round: releases, then completions with the request for `need` jobs (or an
+        acquire alone). Returns the jobs handed out and the acquire's status."""
+        run = self._run
+        if releases:
+            for job in releases:
+                run._drop(job.lease)
+            try:
+                run._post("release", {"worker": run.id, "leases": [j.lease for j in releases]},
+                          conn=self._conn)
+            except CoordinatorError as e:
+                if e.status != 404:
+                    raise  # 404: the coordinator lost them already; they go out again anyway
+        reply = None
+        if done:
+            for job in done:
+                run._drop(job.lease)
+            body: dict[str, Any] = {"worker": run.id,
+                                    "completions": [{"lease": j.lease, **j._result} for j in done]}
+            if need:
+                body.update({"next": True, "jobs": need, "request": _request_id(), "wait_ms": 0})
+            try:
+                reply = run._post("complete", body, conn=self._conn)
+            except CoordinatorError as e:
+                if e.status != 404:
+                    raise
+                for job in done:  # the coordinator lost its state: the jobs go out again
+                    job.outcome = "lost"
+                if "has not registered" in e.message:
+                    run._register(self._conn)
+            else:
+                for job, outcome in zip(done, reply["outcomes"]):
+                    job.outcome = outcome["outcome"]
+                    job._sent = True
+                reply = reply.get("next")
+        if need and reply is None:
+            wait_ms = int(run.long_poll * 1000) if long_poll else 0
+            reply = run._post("acquire", {"worker": run.id, "request": _request_id(),
+                                          "jobs": need, "wait_ms": wait_ms},
+                              extra=run.long_poll if long_poll else 0, conn=self._conn)
+        if reply is None:
+            return [], ""
+        if reply["status"] == "finished":
+            self.finished = run.finished = Finished(reply["state"], reply["reason"])
+            return [], "finished"
+        return run._take_group(reply), reply["status"]
+
+
+_open_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runs() -> None:
+    """A script that ends (an uncaught exception too) gives back the jobs it fetched ahead
+    and sends its queued completions, instead of leaving them to expire."""
+    for run in list(_open_runs):
+        if run._pid != os.getpid():
+            continue  # a forked child (e.g. a DataLoader worker): the parent owns the run
+        try:
+            run.close()
+        except Exception as e:  # the coordinator may be gone; its leases then expire
+            log.warning("closing worker %s: %s", run.worker, e)

@@ -2,109 +2,299 @@
 
 Each process (rank) is a worker of the run. An epoch of a set is a *phase*; a phase is a batch
 sampler for a plain ``torch.utils.data.DataLoader`` that yields the sample indices of the
-batches of the jobs the coordinator hands this rank, and reports each job's loss back:
+batches of the jobs the coordinator hands this rank. Report each batch after training it:
 
     run = traincoord.Run.from_env()
     phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": n_train, "dev": n_dev})
     for phase in phases:                         # ends when the run is finished or stopped early
         data = train_set if phase.set == "train" else dev_set
-        with model.join() if phase.set == "train" else contextlib.nullcontext():
-            for x, y in DataLoader(data, batch_sampler=phase):
-                loss = ...
-                phase.report(loss.item(), len(y))
+        for x, y in DataLoader(data, batch_sampler=phase, num_workers=4):
+            loss = ...
+            phase.report(loss.item())            # this batch is trained
+
+A job is completed only once every one of its batches was reported, whatever the loader
+fetched ahead (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``).
+Batches the loader fetched but the loop never reported (a ``break``, an exception) are handed
+back to the coordinator, job by job, when the next phase starts or the run is closed, and
+another worker trains them. Jobs are fetched ahead and completions sent on a thread of its own
+(``Run.feed``), so the loop does not wait for the coordinator between jobs.
 
 Ranks of ``torch.distributed`` data parallel training take different numbers of steps: the
 coordinator hands jobs to whichever rank asks (a slow rank takes fewer), and a rank's phase
 ends as soon as the epoch has no job left for it. DDP's ``join()`` context (the
 ``torch.distributed.algorithms.Join`` family) lets the ranks that finished early shadow the
 gradient all-reduces of the others, so nobody waits on a collective that will never come.
-This keeps dynamic sharding; handing every rank the same number of steps would force the
-slowest rank's pace on all of them.
 """
 
 from __future__ import annotations
 
-import random
-from typing import Iterator, Mapping
+import math
+from typing import Any, Callable, Iterator, Mapping
 
-from .client import Job, Run
+from .client import CoordinatorError, Job, JobFeed, Run, log
+from .order import SHUFFLES, SampleOrder
+
+__all__ = ["Phase", "Phases", "ReportError", "EpochSampler"]
+
+
+class ReportError(RuntimeError):
+    """A report that does not match a batch the loader handed out: too many reports, a report
+    after the phase ended, or a report with no batch pending."""
+
+
+class _Pending:
+    """A job whose batches are in the loader: how many were yielded and reported, and the
+    sums of what was reported."""
+
+    __slots__ = ("job", "samples", "yielded", "reported", "loss", "weight", "metrics")
+
+    def __init__(self, job: Job, samples: list[list[int]]) -> None:
+        self.job, self.samples = job, samples
+        self.yielded = self.reported = 0
+        self.loss, self.weight = 0.0, 0
+        self.metrics: dict[str, float] = {}
 
 
 class Phase:
-    """The batches one rank trains (or evaluates) in one epoch of one set: a batch sampler."""
+    """The batches one rank trains (or evaluates) in one epoch of one set: a batch sampler.
 
-    def __init__(self, phases: "Phases", first: Job) -> None:
+    set, epoch: which epoch of which set. revisit: False for the rank's first phase of this
+    epoch, True for a later one (a job of the epoch came back, e.g. from a rank that died, after
+    this rank's first phase of it ended): per-epoch work belongs under ``if not
+    phase.revisit`` or in ``Phases(on_epoch_end=...)``. jobs, batches, reported: counts so far.
+    """
+
+    def __init__(self, phases: "Phases", set_name: str, epoch: int, revisit: bool) -> None:
         self._phases = phases
-        self.set = first.set
-        self.epoch = first.epoch
-        self._first: Job | None = first
-        self._job: Job | None = None
-        self._loss = 0.0
-        self._samples = 0
-        self._metrics: dict[str, float] = {}
-        self.jobs = 0
-        self.batches = 0
+        self.set, self.epoch, self.revisit = set_name, epoch, revisit
+        self.jobs = self.batches = self.reported = 0
+        self._pending: list[_Pending] = []  # in the order the loader got them
+        self._iterated = False
+        self._closed = False
 
-    def report(self, loss: float, samples: int, **metrics: float) -> None:
-        """The loss (and named metrics, e.g. accuracy) of the batch just yielded."""
-        self._loss += float(loss) * samples
-        self._samples += int(samples)
-        for name, value in metrics.items():
-            self._metrics[name] = self._metrics.get(name, 0.0) + float(value) * samples
-
-    def _finish_job(self) -> Job | None:
-        """Completes the current job with what was reported, and takes the next one."""
-        job, self._job = self._job, None
-        n = max(1, self._samples)
-        metrics = {k: v / n for k, v in self._metrics.items()}
-        job._result = {"loss": self._loss / n, "samples": self._samples}
-        if metrics:
-            job._result["metrics"] = metrics
-        self._loss, self._samples, self._metrics = 0.0, 0, {}
-        return self._phases.run._complete(job, next_job=True, wait=False)
+    def __repr__(self) -> str:
+        return (f"Phase(set={self.set!r}, epoch={self.epoch}, revisit={self.revisit}, "
+                f"jobs={self.jobs}, batches={self.batches}, reported={self.reported})")
 
     def __iter__(self) -> Iterator[list[int]]:
-        job, self._first = self._first, None
-        while job is not None and (job.set, job.epoch) == (self.set, self.epoch):
-            self._job = job
+        if self._iterated:
+            raise RuntimeError(f"{self._name()} was iterated already: a phase is the batch "
+                               "sampler of one pass (use Phases.sampler() for a DataLoader "
+                               "kept across phases)")
+        self._iterated = True
+        feed = self._phases._feed
+        while not self._closed:
+            job = feed.head()
+            if job is None or (job.set, job.epoch) != (self.set, self.epoch):
+                return  # no job of this epoch right now: the next one waits in Phases
+            feed.pop()
+            pending = _Pending(job, job._samples)
+            self._pending.append(pending)
             self.jobs += 1
-            for b in job.batches:
+            for samples in pending.samples:
+                if self._closed:
+                    return
+                pending.yielded += 1
                 self.batches += 1
-                yield self._phases.samples_of(job.set, b)
-            job = self._finish_job()
-        # The next job belongs to the next phase (or there is none right now: wait for it there).
-        self._phases._pending = job
+                yield samples
 
     def __len__(self) -> int:  # unknown in advance; DataLoader only needs it for len()
+        raise TypeError("a phase's length is decided by the coordinator as it goes")
+
+    def report(self, loss: float, samples: int | None = None, **metrics: float) -> None:
+        """Reports the oldest batch the loader handed out and no report has covered yet: its
+        loss (a float or a 0-dim tensor), its weight in the epoch's mean (default: its number
+        of samples) and named metrics (e.g. accuracy). Once every batch of a job is reported,
+        the job's sample-weighted mean loss is sent, in the background. Raises ReportError for
+        a report with no batch pending or after the phase ended."""
+        if self._closed:
+            raise ReportError(f"{self._name()} has ended: this report comes after the next "
+                              "phase started (or the run was closed), so it cannot be counted")
+        pending = next((p for p in self._pending if p.reported < p.yielded), None)
+        if pending is None:
+            raise ReportError(f"{self._name()}: a report with no batch pending (the loader has "
+                              f"handed out {self.batches} batches and {self.reported} were "
+                              "reported): report each batch once, after training it")
+        weight = len(pending.samples[pending.reported]) if samples is None else int(samples)
+        if weight < 0:
+            raise ReportError(f"{self._name()}: samples must be >= 0, got {weight}")
+        loss = float(loss)
+        pending.reported += 1
+        self.reported += 1
+        pending.loss += loss * weight
+        pending.weight += weight
+        for name, value in metrics.items():
+            pending.metrics[name] = pending.metrics.get(name, 0.0) + float(value) * weight
+        if pending.reported == len(pending.samples):
+            self._pending.remove(pending)
+            self._phases._feed.complete(pending.job, _result(pending))
+
+    def _name(self) -> str:
+        return f"phase {self.set} epoch {self.epoch}"
+
+    def _close(self) -> None:
+        """Ends the phase: jobs with batches never reported go back to the coordinator."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending:
+            unreported = sum(len(p.samples) - p.reported for p in self._pending)
+            log.warning("%s: %d batches handed to the loader were not reported (the loop ended "
+                        "early); jobs %s go back to the coordinator", self._name(), unreported,
+                        ", ".join(str(p.job.index) for p in self._pending))
+            self._phases._feed.release([p.job for p in self._pending])
+            self._pending.clear()
+
+
+def _result(p: _Pending) -> dict[str, Any]:
+    n = p.weight
+    mean = (p.loss / n if n else p.loss / max(1, p.reported))
+    result: dict[str, Any] = {"loss": mean if math.isfinite(mean) else None, "samples": n}
+    if p.metrics:
+        result["metrics"] = {k: (v / n if n else v) for k, v in p.metrics.items()}
+    return result
+
+
+class EpochSampler:
+    """A batch sampler for a DataLoader kept across phases (``persistent_workers=True``): each
+    iteration runs the current phase of Phases, which must be of this set."""
+
+    def __init__(self, phases: "Phases", set_name: str) -> None:
+        self._phases, self.set = phases, set_name
+
+    def __iter__(self) -> Iterator[list[int]]:
+        phase = self._phases.current
+        if phase is None or phase.set != self.set:
+            raise RuntimeError(f"the {self.set} sampler was iterated while the current phase "
+                               f"is {phase!r}: iterate it inside `for phase in phases` when "
+                               f"phase.set == {self.set!r}")
+        return iter(phase)
+
+    def __len__(self) -> int:
         raise TypeError("a phase's length is decided by the coordinator as it goes")
 
 
 class Phases:
     """Iterates over the phases of a run for this rank, until the run ends.
 
-    batch_size: samples per batch; sizes: samples per set ({"train": ..., "dev": ...}); the
-    coordinator's batch b of a set holds the samples [b * batch_size, (b + 1) * batch_size) of
-    that set in a fixed order, shuffled once with `seed` (so that batches mix classes)."""
+    batch_size and sizes (samples per set: {"train": ..., "dev": ...}) must match the run's
+    config, else ValueError names both values. The coordinator's batch b of a set holds the
+    samples at positions [b * batch_size, (b + 1) * batch_size) of that epoch's sample order:
+    shuffle="epoch" (default) draws a fresh permutation every epoch, "fixed" one for the whole
+    run, "none" keeps the data set's order (traincoord.order; seed defaults to the run's
+    data.seed, so every rank agrees). prefetch: jobs fetched ahead of the loader (1 to 64; about
+    half of them are fetched, and completions sent, per round trip: raise it for tiny jobs).
+    on_epoch_end(set, epoch, record): called exactly once per epoch of each set that closes on
+    the coordinator while this Phases runs, in order, before the next phase starts (also for
+    epochs this rank got no job of), with the epoch's record from the run's status (loss,
+    metrics, samples): the place for an LR scheduler's step, logging, checkpoints.
+    """
 
-    def __init__(self, run: Run, batch_size: int, sizes: Mapping[str, int], seed: int = 0) -> None:
-        self.run = run
-        self.batch_size = batch_size
-        self._order = {}
-        for name, n in sizes.items():
-            order = list(range(n))
-            random.Random(f"{seed}/{name}").shuffle(order)
-            self._order[name] = order
-        self._pending: Job | None = None
+    def __init__(self, run: Run, batch_size: int, sizes: Mapping[str, int], *,
+                 shuffle: str = "epoch", seed: int | None = None, prefetch: int = 4,
+                 on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None) -> None:
+        if shuffle not in SHUFFLES:
+            raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+        self.run, self.batch_size = run, batch_size
+        status = run.status()
+        _check_sizes(run.run, status["config"], batch_size, sizes)
+        seed = status["config"]["seed"] if seed is None else seed
+        self._orders = {name: SampleOrder(n, batch_size, seed, name, shuffle)
+                        for name, n in sizes.items()}
+        self._on_epoch_end = on_epoch_end
+        # Epochs closed before we started are not ours to announce (a resumed run, a late rank).
+        self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
+        self._seen: set[tuple[str, int]] = set()
+        self.current: Phase | None = None
+        self._feed: JobFeed = run.feed(prefetch, self._prepare, before_close=self._end_phase)
 
-    def samples_of(self, set_name: str, batch: int) -> list[int]:
-        order = self._order[set_name]
-        return order[batch * self.batch_size:(batch + 1) * self.batch_size]
+    def sampler(self, set_name: str) -> EpochSampler:
+        """A batch sampler that follows the current phase of `set_name`, for one DataLoader
+        kept across phases (e.g. with persistent_workers=True)."""
+        if set_name not in self._orders:
+            raise ValueError(f"no size was given for set {set_name!r}")
+        return EpochSampler(self, set_name)
+
+    def samples_of(self, set_name: str, epoch: int, batch: int) -> list[int]:
+        """The sample indices of batch `batch` of epoch `epoch` of a set."""
+        return self._orders[set_name].batch(epoch, batch)
+
+    def _prepare(self, job: Job) -> None:  # on the feed's thread, ahead of the loader
+        try:
+            order = self._orders[job.set]
+        except KeyError:
+            raise CoordinatorError(f"the coordinator handed out a {job.set} job, but Phases "
+                                   f"was given no size for set {job.set!r}",
+                                   field="sizes") from None
+        job._samples = [order.batch(job.epoch, b) for b in job.batches]
 
     def __iter__(self) -> Iterator[Phase]:
-        while True:
-            job, self._pending = self._pending, None
-            if job is None:
-                job = self.run.next_job(wait=True)  # long-polls across the epoch barrier
-            if job is None:
-                return  # the run is finished: run.finished says how
-            yield Phase(self, job)
+        try:
+            while True:
+                if self.current is not None:
+                    self.current._close()
+                job = self._feed.head() or self._feed.wait()  # waits across epoch barriers
+                self._announce_closed_epochs()
+                if job is None:
+                    self._feed.flush()
+                    return  # the run is finished: run.finished says how
+                key = (job.set, job.epoch)
+                self.current = Phase(self, job.set, job.epoch, revisit=key in self._seen)
+                self._seen.add(key)
+                yield self.current
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Ends the current phase (handing back what was not reported) and the prefetching.
+        Run.close() (and the end of the script) does this too."""
+        self._feed.close()
+
+    def _end_phase(self) -> None:
+        if self.current is not None:
+            self.current._close()
+
+    def __enter__(self) -> "Phases":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _announce_closed_epochs(self) -> None:
+        if self._on_epoch_end is None:
+            return
+        for record in self.run.status()["epochs"]:  # in the order they were opened
+            key = (record["set"], record["epoch"])
+            if record["closed"] and key not in self._announced:
+                self._announced.add(key)
+                self._on_epoch_end(record["set"], record["epoch"], record)
+
+
+def _check_sizes(run: str, config: Mapping[str, Any], batch_size: int,
+                 sizes: Mapping[str, int]) -> None:
+    """Refuses a batch size or set sizes that disagree with the run's config."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if config.get("batch_size") and config["batch_size"] != batch_size:
+        raise ValueError(f"batch_size={batch_size} but run {run} has data.batch_size = "
+                         f"{config['batch_size']}")
+    for name in sizes:
+        if name not in ("train", "dev"):
+            raise ValueError(f"sizes has set {name!r}; sets are \"train\" and \"dev\"")
+    for name in ("train", "dev"):
+        batches = config[f"{name}_batches"]
+        if name not in sizes:
+            if batches:
+                raise ValueError(f"run {run} has {batches} {name} batches: give "
+                                 f"sizes[{name!r}], the number of {name} samples")
+            continue
+        n = sizes[name]
+        known = config.get(f"{name}_samples")
+        if known is not None and known != n:
+            raise ValueError(f"sizes[{name!r}] = {n} but run {run} has data.{name}_samples = "
+                             f"{known}")
+        if -(-n // batch_size) != batches:
+            raise ValueError(f"sizes[{name!r}] = {n} samples in batches of {batch_size} make "
+                             f"{-(-n // batch_size)} batches, but run {run} has "
+                             f"data.{name}_batches = {batches}")
+

@@ -624,6 +624,20 @@ Result<void> Worker::fail(const Job& job, const std::string& reason) {
   return {};
 }
 
+Result<void> Worker::release(const std::vector<Job>& jobs) {
+  if (jobs.empty()) return {};
+  JsonWriter j;
+  j.begin_object().field("worker", id_.load()).key("leases").begin_array();
+  for (const Job& job : jobs) {
+    drop(job.lease);
+    j.value(job.lease);
+  }
+  j.end_array().end_object();
+  auto reply = call("release", j.str(), milliseconds(0));
+  if (!reply) return tl::unexpected(reply.error());
+  return {};
+}
+
 Result<void> Worker::leave() {
   JsonWriter j;
   j.begin_object().field("worker", id_.load()).end_object();

@@ -25,6 +25,8 @@ std::vector<std::string> config_differences(const RunConfig& a, const RunConfig&
   check("data.train_batches", a.train_batches, b.train_batches);
   check("data.dev_batches", a.dev_batches, b.dev_batches);
   check("data.batch_size", a.batch_size, b.batch_size);
+  check("data.train_samples", a.train_samples, b.train_samples);
+  check("data.dev_samples", a.dev_samples, b.dev_samples);
   check("data.order", a.order, b.order);
   check("data.seed", a.seed, b.seed);
   check("schedule.gpus_per_worker", a.gpus_per_worker, b.gpus_per_worker);

@@ -164,6 +164,8 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
   c->train_batches = train_samples >= 0 ? batches(train_samples) : train_batches;
   c->dev_batches = dev_samples >= 0 ? batches(dev_samples) : std::max<int64_t>(0, dev_batches);
   c->batch_size = static_cast<uint64_t>(batch_size);
+  c->train_samples = static_cast<uint64_t>(std::max<int64_t>(0, train_samples));
+  c->dev_samples = static_cast<uint64_t>(std::max<int64_t>(0, dev_samples));
   return {};
 }
 

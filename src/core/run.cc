@@ -624,6 +624,31 @@ Result<void> Run::fail(WorkerId worker, LeaseId lease, std::string_view reason) 
   return {};
 }
 
+Result<uint64_t> Run::release(WorkerId worker, const std::vector<LeaseId>& leases) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  for (LeaseId lease : leases) {  // checked whole before anything changes
+    if (auto r = check_completion(worker, lease); !r) return tl::unexpected(r.error());
+  }
+  uint64_t released = 0;
+  for (LeaseId lease : leases) {
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) continue;  // already resolved (or listed twice)
+    Epoch& e = epochs_[it->second.epoch_slot];
+    Epoch::ActiveJob& job = e.active.at(it->second.position);
+    if (it->second.live) {
+      e.requeue.push_front(it->second.position);
+      job.live = 0;  // not a failed attempt (as when a worker leaves)
+      released += 1;
+    } else {  // expired: the job is back in the queue already; its late completion won't count
+      job.expired.erase(std::find(job.expired.begin(), job.expired.end(), lease));
+    }
+    resolve(it, CompletionOutcome::kGivenUp);
+  }
+  return released;
+}
+
 void Run::expire_leases() {
   const TimeMs now = clock_.now();
   while (!live_order_.empty()) {

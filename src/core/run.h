@@ -236,6 +236,13 @@ class Run {
                                          const std::vector<LeaseId>* only = nullptr);
   // The worker gives up a job it could not do; it counts as a failed attempt.
   Result<void> fail(WorkerId worker, LeaseId lease, std::string_view reason);
+  // The worker hands jobs back untouched (a loop that stopped early, a prefetched job it will
+  // not train): each goes back to the front of its epoch's open queue, not counted as a failed
+  // attempt, and a later completion through the lease is answered `given_up`. All or nothing:
+  // fails for an unknown worker, a lease never issued (kNotFound) or another worker's
+  // (kConflict), changing nothing. A lease already resolved is skipped. Returns how many
+  // jobs went back.
+  Result<uint64_t> release(WorkerId worker, const std::vector<LeaseId>& leases);
   // The compatibility counter: the next position of the latest opened epoch of `set`.
   Result<IndexReply> next_index(SetKind set);
   // Ends the run; nothing more is handed out. No effect on a finished run.

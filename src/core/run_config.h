@@ -48,6 +48,9 @@ struct RunConfig {
   uint64_t train_batches = 0;
   uint64_t dev_batches = 0;
   uint64_t batch_size = 0;  // optional (0: unknown); only used to report samples
+  // The sizes in samples when the config gave them (0: not given): clients check theirs.
+  uint64_t train_samples = 0;
+  uint64_t dev_samples = 0;
 
   BatchOrder order = BatchOrder::kShuffled;
   uint64_t seed = 0;

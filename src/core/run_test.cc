@@ -270,6 +270,36 @@ TEST_F(RunTest, AWorkerThatLeavesHandsItsJobBackWithoutAFailedAttempt) {
   EXPECT_EQ(late->outcome, CompletionOutcome::kGivenUp);
 }
 
+TEST_F(RunTest, ReleasedJobsGoBackFirstWithoutAFailedAttemptAndTheirLateCompletionIsNotCounted) {
+  RunConfig c = small_config();
+  c.max_attempts = 1;  // a single failed attempt would fail the run
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w"), other = run.join("other");
+  const Job a = take(run, w), b = take(run, w);
+  auto released = run.release(w, {b.lease, a.lease, a.lease});
+  ASSERT_TRUE(released);
+  EXPECT_EQ(*released, 2u);
+  EXPECT_EQ(run.state(), RunState::kRunning);
+  EXPECT_EQ(run.counters().failure_reports, 0u);
+  // Handed back most recent first: a (released last) goes out before b.
+  const Job again = take(run, other);
+  EXPECT_EQ(again.index, a.index);
+  EXPECT_EQ(take(run, other).index, b.index);
+  EXPECT_EQ(run.complete(w, a.lease, loss_of(1.0))->outcome, CompletionOutcome::kGivenUp);
+  EXPECT_EQ(run.epochs()[0].done, 0u);
+}
+
+TEST_F(RunTest, AReleaseNamingAnotherWorkersLeaseChangesNothing) {
+  traincoord::Run run(small_config(), clock_);
+  const WorkerId w = run.join("w"), other = run.join("other");
+  const Job mine = take(run, w), theirs = take(run, other);
+  auto refused = run.release(w, {mine.lease, theirs.lease});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kConflict);
+  EXPECT_FALSE(run.release(w, {999}));
+  EXPECT_EQ(run.complete(w, mine.lease, loss_of(1.0))->outcome, CompletionOutcome::kAccepted);
+}
+
 TEST_F(RunTest, EpochLossIsTheSampleWeightedMeanAndNonFiniteLossesAreCountedApart) {
   RunConfig c = small_config();
   c.validation_every = 0;

@@ -316,6 +316,8 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   j.field("train_batches", c.train_batches);
   j.field("dev_batches", c.dev_batches);
   j.field("batch_size", c.batch_size);
+  if (c.train_samples > 0) j.field("train_samples", c.train_samples);
+  if (c.dev_samples > 0) j.field("dev_samples", c.dev_samples);
   j.field("order", order_name(c.order));
   j.field("seed", c.seed);
   j.field("epochs", c.epochs);
@@ -671,7 +673,8 @@ std::string_view Api::endpoint_of(std::string_view method, std::string_view targ
   if (parts.size() == 3) return "status";
   static const std::set<std::string_view> kKnown = {"cancel",    "workers",    "leave",
                                                     "heartbeat", "acquire",    "complete",
-                                                    "fail",      "next_index", "history"};
+                                                    "fail",      "next_index", "history",
+                                                    "release"};
   if (parts.size() == 4) {
     if (auto it = kKnown.find(parts[3]); it != kKnown.end()) return *it;
   }
@@ -919,8 +922,9 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     j.end_array().end_object();
     return ok(j);
   }
-  static const std::set<std::string_view> kActions = {"cancel",  "workers",  "leave", "heartbeat",
-                                                      "acquire", "complete", "fail",  "next_index"};
+  static const std::set<std::string_view> kActions = {
+      "cancel", "workers", "leave", "heartbeat", "acquire", "complete", "fail", "next_index",
+      "release"};
   if (!kActions.count(action)) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }
@@ -1012,6 +1016,25 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     j.field("lease_timeout_ms", run.config().lease_timeout_ms);
     j.field("state", run_state_name(run.state()));
     j.end_object();
+    return ok(j);
+  }
+  if (action == "release") {
+    const rapidjson::Value* listed = body.get("leases");
+    if (listed == nullptr || !listed->IsArray() || listed->Size() > 1024) {
+      return error_reply(400, "invalid_argument",
+                         "leases must be an array of at most 1024 lease ids", "leases");
+    }
+    std::vector<LeaseId> leases;
+    for (const auto& l : listed->GetArray()) {
+      if (!l.IsUint64()) {
+        return error_reply(400, "invalid_argument", "leases must hold lease ids", "leases");
+      }
+      leases.push_back(l.GetUint64());
+    }
+    TC_TRY_REPLY(body.no_unknown_fields());
+    TC_TRY_ASSIGN(released, run.release(worker, leases));
+    JsonWriter j;
+    j.begin_object().field("released", released).end_object();
     return ok(j);
   }
   if (action == "fail") {

@@ -141,6 +141,35 @@ std::string work_in_groups(const client::Options& options, size_t n, Ledger* led
   return (*worker)->finished()->state;
 }
 
+// The same through a JobStream: jobs fetched ahead and completions sent behind, on a thread
+// of its own. `stop_after`: close the stream after that many jobs (what it fetched ahead
+// goes back), and return "stopped".
+std::string work_streamed(const client::Options& options, size_t depth, Ledger* ledger,
+                          int stop_after = -1) {
+  auto worker = client::Worker::connect(options);
+  if (!worker) return "connect failed: " + worker.error().message;
+  client::JobStream stream(**worker, depth);
+  std::vector<client::Job> sent;
+  int taken = 0;
+  auto job = stream.next();
+  while (job && *job) {
+    const client::Job j = **job;
+    stream.complete(j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}});
+    sent.push_back(j);
+    if (++taken == stop_after) break;
+    job = stream.next();
+  }
+  if (!job) return "error: " + job.error().message;
+  if (auto closed = stream.close(); !closed) return "close: " + closed.error().message;
+  const auto outcomes = stream.outcomes();
+  if (outcomes.size() != sent.size()) return "outcomes missing";
+  for (size_t i = 0; i < sent.size(); ++i) {
+    if (outcomes[i].counted) ledger->add(sent[i].set, sent[i].epoch, sent[i].batches);
+  }
+  if (taken == stop_after) return "stopped";
+  return (*worker)->finished()->state;
+}
+
 class ServerE2E : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -200,6 +229,30 @@ TEST_F(ServerE2E, WorkersTakingSeveralJobsPerRequestFinishTheRunExactlyOnce) {
   auto s = status();
   EXPECT_STREQ(s["state"].GetString(), "completed");
   EXPECT_EQ(s["counters"]["completions_accepted"].GetUint64(), 3u * (15 + 3));
+  EXPECT_NEAR(s["epochs"][2]["loss"].GetDouble(), 0.2, 1e-12);
+}
+
+// Workers on JobStreams (2 and 8 jobs ahead) and a plain worker share a run; one more stops
+// early, and the jobs it had fetched ahead go back untouched (no failed attempt).
+TEST_F(ServerE2E, WorkersOnJobStreamsFinishTheRunExactlyOnce) {
+  Ledger ledger;
+  EXPECT_EQ(work_streamed(options_for(*server_, "quitter"), 4, &ledger, 3), "stopped");
+  std::vector<std::string> results(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      const auto options = options_for(*server_, "s" + std::to_string(i));
+      results[i] = i == 0 ? work(options, &ledger)
+                          : work_streamed(options, i == 1 ? 2 : 8, &ledger);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& r : results) EXPECT_EQ(r, "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+  auto s = status();
+  EXPECT_STREQ(s["state"].GetString(), "completed");
+  EXPECT_EQ(s["counters"]["failure_reports"].GetUint64(), 0u);
+  EXPECT_EQ(s["counters"]["lease_expiries"].GetUint64(), 0u);
   EXPECT_NEAR(s["epochs"][2]["loss"].GetDouble(), 0.2, 1e-12);
 }
 

@@ -1,0 +1,134 @@
+"""traincoord.torch.Phases without a DataLoader: reports, refusals, hooks, revisits."""
+
+import logging
+
+import pytest
+
+from conftest import Server
+
+import traincoord
+import traincoord.torch
+from traincoord.torch import Phases, ReportError
+
+PHASES_TOML = """
+name = "phases"
+[data]
+train_samples = 40
+dev_samples = 10
+batch_size = 4
+seed = 3
+[schedule]
+epochs = 3
+iters_per_worker = 2
+validation_every = 1
+[leases]
+timeout = 1.0
+"""
+
+
+@pytest.fixture
+def phases_server(tmp_path):
+    config = tmp_path / "phases.toml"
+    config.write_text(PHASES_TOML)
+    server = Server(["--config", str(config), "--in-memory"])
+    yield server
+    server.kill()
+
+
+def test_settings_that_disagree_with_the_run_are_refused_naming_both(phases_server):
+    with traincoord.Run(phases_server.url, "phases", "w") as run:
+        with pytest.raises(ValueError, match="batch_size=8 but run phases has data.batch_size = 4"):
+            Phases(run, batch_size=8, sizes={"train": 40, "dev": 10})
+        with pytest.raises(ValueError, match=r"sizes\['train'\] = 41 but run phases has "
+                                             r"data.train_samples = 40"):
+            Phases(run, batch_size=4, sizes={"train": 41, "dev": 10})
+        with pytest.raises(ValueError, match=r"give sizes\['dev'\]"):
+            Phases(run, batch_size=4, sizes={"train": 40})
+
+
+def test_a_job_is_completed_only_when_every_batch_was_reported(phases_server):
+    with traincoord.Run(phases_server.url, "phases", "w") as run:
+        phases = Phases(run, batch_size=4, sizes={"train": 40, "dev": 10})
+        it = iter(phases)
+        phase = next(it)
+        batches = iter(phase)
+        next(batches), next(batches), next(batches)  # a prefetching loader: 3 batches ahead
+        phase.report(1.0)
+        phase.report(2.0)  # job 1 (2 batches) is complete; job 2 has 1 of 2 reported
+        phase._phases._feed.flush()
+        train = run.status()["epochs"][0]
+        assert (train["done"], train["samples"]) == (1, 8)
+        phase.report(3.0)
+        with pytest.raises(ReportError, match="no batch pending"):
+            phase.report(4.0)  # the 4th batch was not handed out yet
+        phases.close()
+
+
+def test_unreported_batches_go_back_and_a_late_report_is_refused(phases_server, caplog):
+    with traincoord.Run(phases_server.url, "phases", "w") as run:
+        phases = Phases(run, batch_size=4, sizes={"train": 40, "dev": 10})
+        it = iter(phases)
+        phase = next(it)
+        batches = iter(phase)
+        next(batches), next(batches), next(batches)
+        phase.report(1.0)
+        phase.report(1.0)
+        with caplog.at_level(logging.WARNING, logger="traincoord"):
+            phases.close()  # the loop ended early: the half-reported job goes back
+        assert "were not reported" in caplog.text
+        with pytest.raises(ReportError, match="has ended"):
+            phase.report(1.0)
+        status = run.status()
+        assert status["epochs"][0]["done"] == 1
+        assert status["counters"]["failure_reports"] == 0
+        assert status["workers"][0]["leases"] == []  # the jobs fetched ahead went back too
+
+
+def test_on_epoch_end_runs_once_per_epoch_also_for_an_epoch_without_a_job(phases_server):
+    ends = []
+    with traincoord.Run(phases_server.url, "phases", "slow") as slow, \
+            traincoord.Run(phases_server.url, "phases", "fast") as fast:
+        phases = Phases(slow, batch_size=4, sizes={"train": 40, "dev": 10},
+                        on_epoch_end=lambda s, e, record: ends.append((s, e, record["samples"])))
+        # `fast` trains every job of train epoch 0 before `slow` asks for one.
+        for job in fast.jobs(stop_at_wait=True):
+            if (job.set, job.epoch) != ("train", 0):
+                fast.release([job])
+                break
+            job.complete(0.5, 4 * len(job.batches))
+        seen = []
+        for phase in phases:
+            seen.append((phase.set, phase.epoch))
+            for _ in phase:
+                phase.report(0.5)
+        assert ("train", 0) not in seen
+        assert ends == [(s, e, 40 if s == "train" else 10) for e in range(3)
+                        for s in ("train", "dev")]
+
+
+def test_a_job_that_comes_back_after_the_phase_ended_is_a_revisit(phases_server):
+    with traincoord.Run(phases_server.url, "phases", "a") as a, \
+            traincoord.Run(phases_server.url, "phases", "b") as b:
+        held = b.next_job(wait=False)  # b holds a train job of epoch 0 ...
+        phases = Phases(a, batch_size=4, sizes={"train": 40, "dev": 10})
+        it = iter(phases)
+        first = next(it)
+        for _ in first:
+            first.report(0.5)
+        assert (first.set, first.epoch, first.revisit) == ("train", 0, False)
+        b.release([held])  # ... and hands it back after a's phase ended
+        again = next(it)
+        assert (again.set, again.epoch, again.revisit) == ("train", 0, True)
+        assert sum(1 for _ in again) == len(held.batches)
+        phases.close()
+
+
+def test_first_contact_fails_fast_with_a_clear_message(caplog):
+    # Without first_contact_timeout this would retry for give_up_after (300 s by default).
+    with caplog.at_level(logging.WARNING, logger="traincoord"):
+        with pytest.raises(traincoord.Unreachable, match="connection refused") as refused:
+            traincoord.Run("http://127.0.0.1:9", "r", first_contact_timeout=1.0)
+    assert "traincoord serve" in refused.value.message
+    assert "retrying" in caplog.text and "http://127.0.0.1:9" in caplog.text
+    with pytest.raises(traincoord.Unreachable, match="cannot resolve host"):
+        traincoord.Run("http://no-such-host.invalid:8470", "r", first_contact_timeout=1.0)
