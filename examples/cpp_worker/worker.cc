@@ -3,16 +3,17 @@
 //   accepted SET EPOCH INDEX BATCH,BATCH,...
 // so a test can check that every batch was trained exactly once.
 //
-//   example_worker --url http://127.0.0.1:8470 --run example --name w0 --job-ms 5
+//   example_worker --url http://127.0.0.1:8470 --run example --name w0 --job-ms 5 [--prefetch 2]
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +36,10 @@ int main(int argc, char** argv) {
   app.add_option("--die-after", die_after,
                  "exit abruptly (no goodbye) while holding the job after this many completions");
   app.add_option("--give-up-after", give_up_s, "seconds an unreachable coordinator is retried");
+  size_t prefetch = 0;
+  app.add_option("--prefetch", prefetch,
+                 "jobs fetched ahead on a thread of their own (a JobStream; 0: one round trip "
+                 "per job)");
   CLI11_PARSE(app, argc, argv);
   if (options.run.empty()) {
     std::cerr << "example_worker: give --run or set TRAINCOORD_RUN\n";
@@ -48,6 +53,46 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& w = **worker;
+  // A synthetic loss that falls with the epoch: enough to watch a loss curve move.
+  auto train = [&](const traincoord::client::Job& j) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(job_ms));
+    const double loss =
+        1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
+    return traincoord::client::Completion{
+        loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
+  };
+  auto print_accepted = [](const traincoord::client::Job& j) {
+    std::string batches;
+    for (uint64_t b : j.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
+    std::cout << "accepted " << j.set << " " << j.epoch << " " << j.index << " " << batches
+              << std::endl;
+  };
+  if (prefetch > 0) {
+    traincoord::client::JobStream stream(w, prefetch);
+    std::vector<traincoord::client::Job> sent;
+    auto job = stream.next();
+    for (; job && *job; job = stream.next()) {
+      if (static_cast<int>(sent.size()) == die_after) {
+        std::cout << "dying while holding " << (*job)->set << " " << (*job)->epoch << " "
+                  << (*job)->index << std::endl;
+        _exit(137);
+      }
+      stream.complete(**job, train(**job));
+      sent.push_back(**job);
+    }
+    auto closed = stream.close();
+    const auto outcomes = stream.outcomes();
+    for (size_t i = 0; i < outcomes.size() && i < sent.size(); ++i) {
+      if (outcomes[i].counted) print_accepted(sent[i]);
+    }
+    if (!job || !closed) {
+      std::cerr << "example_worker: " << (!job ? job.error().message : closed.error().message)
+                << "\n";
+      return 1;
+    }
+    std::cout << "finished: " << w.finished()->state << ": " << w.finished()->reason << std::endl;
+    return 0;
+  }
   int completed = 0;
   auto job = w.next();
   while (job && *job) {
@@ -56,19 +101,8 @@ int main(int argc, char** argv) {
       std::cout << "dying while holding " << j.set << " " << j.epoch << " " << j.index << std::endl;
       _exit(137);  // like a SIGKILL: no leave, no completion
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(job_ms));
-    // A synthetic loss that falls with the epoch: enough to watch a loss curve move.
-    const double loss =
-        1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
-    traincoord::client::Completion done{
-        loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
-    auto next = w.complete_and_next(j, done);
-    if (next && w.last_completed().counted) {
-      std::string batches;
-      for (uint64_t b : j.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
-      std::cout << "accepted " << j.set << " " << j.epoch << " " << j.index << " " << batches
-                << std::endl;
-    }
+    auto next = w.complete_and_next(j, train(j));
+    if (next && w.last_completed().counted) print_accepted(j);
     ++completed;
     job = std::move(next);
   }

@@ -23,8 +23,8 @@ void write_completion(JsonWriter& j, const Job& job, const Completion& c) {
 }
 
 uint64_t next_request_id() {
-  static std::atomic<uint64_t> counter{static_cast<uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count())};
+  static std::atomic<uint64_t> counter{
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
   return (counter.fetch_add(0x9e3779b97f4a7c15ULL) >> 12) | 1;  // nonzero, exact as a double
 }
 
@@ -184,7 +184,8 @@ void JobStream::loop() {
 SampleOrder::SampleOrder(uint64_t samples, uint64_t batch_size, uint64_t seed,
                          const std::string& set, Shuffle shuffle) {
   if (set != "train" && set != "dev") {
-    throw std::invalid_argument("SampleOrder: set must be \"train\" or \"dev\", not \"" + set + "\"");
+    throw std::invalid_argument("SampleOrder: set must be \"train\" or \"dev\", not \"" + set +
+                                "\"");
   }
   if (batch_size == 0) throw std::invalid_argument("SampleOrder: batch_size must be at least 1");
   const SampleShuffle kind = shuffle == Shuffle::kEpoch   ? SampleShuffle::kEpoch

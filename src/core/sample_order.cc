@@ -32,9 +32,8 @@ SampleOrder::SampleOrder(uint64_t samples, uint64_t batch_size, uint64_t seed, S
 
 SampleOrder::Keys SampleOrder::round_keys(int64_t epoch) const {
   if (shuffle_ == SampleShuffle::kFixed) epoch = 0;
-  const uint64_t key =
-      mix64(mix64(seed_ ^ kTag) ^
-            mix64(static_cast<uint64_t>(epoch) * 2 + static_cast<uint64_t>(set_)));
+  const uint64_t key = mix64(mix64(seed_ ^ kTag) ^
+                             mix64(static_cast<uint64_t>(epoch) * 2 + static_cast<uint64_t>(set_)));
   Keys keys;
   for (size_t r = 0; r < keys.size(); ++r) keys[r] = mix64(key + r) & mask_;
   return keys;

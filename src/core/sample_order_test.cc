@@ -69,8 +69,8 @@ TEST(SampleOrder, MatchesTheSharedVectorsThePythonClientChecksToo) {
     const SampleShuffle kind = shuffle == "epoch"   ? SampleShuffle::kEpoch
                                : shuffle == "fixed" ? SampleShuffle::kFixed
                                                     : SampleShuffle::kNone;
-    const SetKind set = std::string(c["set"].GetString()) == "train" ? SetKind::kTrain
-                                                                       : SetKind::kDev;
+    const SetKind set =
+        std::string(c["set"].GetString()) == "train" ? SetKind::kTrain : SetKind::kDev;
     const SampleOrder order(c["samples"].GetUint64(), c["batch_size"].GetUint64(),
                             c["seed"].GetUint64(), set, kind);
     std::vector<uint64_t> got;

@@ -671,10 +671,9 @@ std::string_view Api::endpoint_of(std::string_view method, std::string_view targ
   if (parts[0] != "v1" || parts[1] != "runs") return "other";
   if (parts.size() == 2) return method == "POST" ? "create_run" : "runs";
   if (parts.size() == 3) return "status";
-  static const std::set<std::string_view> kKnown = {"cancel",    "workers",    "leave",
-                                                    "heartbeat", "acquire",    "complete",
-                                                    "fail",      "next_index", "history",
-                                                    "release"};
+  static const std::set<std::string_view> kKnown = {"cancel",  "workers",  "leave", "heartbeat",
+                                                    "acquire", "complete", "fail",  "next_index",
+                                                    "history", "release"};
   if (parts.size() == 4) {
     if (auto it = kKnown.find(parts[3]); it != kKnown.end()) return *it;
   }
@@ -922,9 +921,9 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     j.end_array().end_object();
     return ok(j);
   }
-  static const std::set<std::string_view> kActions = {
-      "cancel", "workers", "leave", "heartbeat", "acquire", "complete", "fail", "next_index",
-      "release"};
+  static const std::set<std::string_view> kActions = {"cancel",    "workers",    "leave",
+                                                      "heartbeat", "acquire",    "complete",
+                                                      "fail",      "next_index", "release"};
   if (!kActions.count(action)) {
     return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
   }

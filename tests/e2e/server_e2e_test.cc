@@ -242,8 +242,8 @@ TEST_F(ServerE2E, WorkersOnJobStreamsFinishTheRunExactlyOnce) {
   for (size_t i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       const auto options = options_for(*server_, "s" + std::to_string(i));
-      results[i] = i == 0 ? work(options, &ledger)
-                          : work_streamed(options, i == 1 ? 2 : 8, &ledger);
+      results[i] =
+          i == 0 ? work(options, &ledger) : work_streamed(options, i == 1 ? 2 : 8, &ledger);
     });
   }
   for (auto& t : threads) t.join();
@@ -289,11 +289,12 @@ TEST_F(ServerE2E, AKilledWorkersJobIsHandedToAnotherAfterItsLeaseExpires) {
   Ledger ledger;
   ledger.add_output(died);
 
-  // Two survivors (one example worker process, one client thread) finish the run.
+  // Two survivors (one example worker process on a JobStream, one client thread) finish the
+  // run.
   std::string survivor_output;
   std::thread process([&] {
     survivor_output = run_command(std::string(EXAMPLE_WORKER_BIN) + " --url " + server_->url() +
-                                  " --run e2e --name survivor --job-ms 1");
+                                  " --run e2e --name survivor --job-ms 1 --prefetch 2");
   });
   EXPECT_EQ(work(options_for(*server_, "thread"), &ledger), "completed");
   process.join();
