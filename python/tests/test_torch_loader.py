@@ -8,6 +8,7 @@ batch's loss is the mean of its sample ids) equals the mean id of the set, (n - 
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -47,13 +48,13 @@ def loader_server(tmp_path):
     server.kill()
 
 
-def start_rank(server, tmp_path, name, *args):
+def start_rank(server, tmp_path, name, *args, env=None):
     log = tmp_path / f"{name}.jsonl"
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "torch_worker.py"), "--url", server.url, "--name", name,
          "--log", str(log), "--train", str(TRAIN), "--dev", str(DEV),
          "--batch-size", str(BATCH), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return proc, log
 
 
@@ -168,3 +169,24 @@ def test_a_rank_killed_with_its_loader_prefetched_loses_nothing(loader_server, t
     assert victim[0].returncode == -9
     assert other[0].returncode == 0, outputs[1]
     check_exactly_once(loader_server)
+
+
+def test_ddp_ranks_stay_in_step_when_one_gets_no_job_of_an_epoch(loader_server, tmp_path):
+    # 16 jobs ahead and 13 train jobs an epoch: one rank may take a whole epoch. The other
+    # still gets that epoch as an (empty) phase, so both enter the same join() contexts and
+    # DDP's all-reduces match; nothing hangs.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        ranks.append(start_rank(loader_server, tmp_path, f"ddp{rank}", "--ddp", "--jobs-ahead",
+                                "16", "--num-workers", "2", env=env))
+    outputs = finish(ranks)
+    for (proc, _), out in zip(ranks, outputs):
+        assert proc.returncode == 0, out
+    check_exactly_once(loader_server)
+    phases = [[tuple(r["phase"]) for r in read_log(log) if "phase" in r] for _, log in ranks]
+    assert phases[0] == phases[1] == [(s, e) for e in range(3) for s in ("train", "dev")]

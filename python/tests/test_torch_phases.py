@@ -84,7 +84,7 @@ def test_unreported_batches_go_back_and_a_late_report_is_refused(phases_server, 
         assert status["workers"][0]["leases"] == []  # the jobs fetched ahead went back too
 
 
-def test_on_epoch_end_runs_once_per_epoch_also_for_an_epoch_without_a_job(phases_server):
+def test_every_epoch_is_a_phase_and_on_epoch_end_runs_once_also_without_a_job(phases_server):
     ends = []
     with traincoord.Run(phases_server.url, "phases", "slow") as slow, \
             traincoord.Run(phases_server.url, "phases", "fast") as fast:
@@ -98,10 +98,12 @@ def test_on_epoch_end_runs_once_per_epoch_also_for_an_epoch_without_a_job(phases
             job.complete(0.5, 4 * len(job.batches))
         seen = []
         for phase in phases:
-            seen.append((phase.set, phase.epoch))
             for _ in phase:
                 phase.report(0.5)
-        assert ("train", 0) not in seen
+            seen.append((phase.set, phase.epoch, phase.batches))
+        # Train epoch 0 is a phase here too, an empty one: DDP ranks stay in step.
+        assert seen[0] == ("train", 0, 0)
+        assert [k[:2] for k in seen] == [(s, e) for e in range(3) for s in ("train", "dev")]
         assert ends == [(s, e, 40 if s == "train" else 10) for e in range(3)
                         for s in ("train", "dev")]
 

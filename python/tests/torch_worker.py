@@ -60,15 +60,30 @@ def main():
     p.add_argument("--raise-at", default="", help="SET:EPOCH:K: raise after K batches")
     p.add_argument("--die-at", default="", help="SET:EPOCH:K: SIGKILL itself after K batches")
     p.add_argument("--step-ms", type=float, default=2.0)
+    p.add_argument("--jobs-ahead", type=int, default=4, help="Phases(prefetch=...)")
+    p.add_argument("--ddp", action="store_true",
+                   help="train a model with DistributedDataParallel (gloo) and join()")
     a = p.parse_args()
     torch.set_num_threads(1)
 
+    model = step = None
+    if a.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+        def step(ids):
+            optimizer.zero_grad()
+            model(ids.float().unsqueeze(1)).mean().backward()  # an all-reduce per batch
+            optimizer.step()
     log = open(a.log, "w")
     run = traincoord.Run(a.url, "loader", a.name, long_poll=5, first_contact_timeout=20)
     ends = []
     phases = traincoord.torch.Phases(
         run, batch_size=a.batch_size, sizes={"train": a.train, "dev": a.dev}, shuffle=a.shuffle,
-        on_epoch_end=lambda s, e, record: ends.append([s, e, record["closed"]]))
+        on_epoch_end=lambda s, e, record: ends.append([s, e, record["closed"]]),
+        prefetch=a.jobs_ahead)
     data = {"train": Ids(a.train), "dev": Ids(a.dev)}
     options = {"num_workers": a.num_workers, "pin_memory": a.pin_memory}
     if a.num_workers and a.prefetch:
@@ -81,11 +96,18 @@ def main():
 
     for phase in phases:
         log.write(json.dumps({"phase": [phase.set, phase.epoch], "revisit": phase.revisit}) + "\n")
+        log.flush()
         loader = kept[phase.set] if kept else DataLoader(data[phase.set], batch_sampler=phase,
                                                          **options)
         k = 0
+        training = model is not None and phase.set == "train"
+        join = model.join(divide_by_initial_world_size=False) if training else None
+        if join is not None:
+            join.__enter__()
         for ids in loader:
             time.sleep(a.step_ms / 1000)
+            if training:
+                step(ids)
             ids = ids.tolist()
             phase.report(sum(ids) / len(ids), even=sum(1 for i in ids if i % 2 == 0) / len(ids))
             k += 1
@@ -98,6 +120,8 @@ def main():
                 raise RuntimeError("the training step failed (a test's injected error)")
             if here == stop_at:
                 break
+        if join is not None:
+            join.__exit__(None, None, None)
     log.write(json.dumps({"finished": run.finished.state, "ends": ends}) + "\n")
     log.close()
     run.close()

@@ -582,6 +582,8 @@ class JobFeed:
         self._long_poll = False  # the consumer waits for a job, across an epoch barrier
         self._flushing = 0  # callers of flush(): send what is queued now
         self._started = False  # nothing is fetched before the consumer first asks
+        # The epoch the last "wait" answer named as open, as (set, epoch), or None.
+        self.open_epoch: tuple[str, int] | None = None
         self.finished: Finished | None = None
         self._error: BaseException | None = None
         self._closing = False
@@ -607,9 +609,11 @@ class JobFeed:
                 self._raise_error()
             return self._ready[0] if self._ready else None
 
-    def wait(self) -> Job | None:
-        """Like head(), but waits (long-polling) across epoch barriers: None only when the
-        run is finished."""
+    def wait(self, until: Callable[[tuple[str, int] | None], bool] | None = None) -> Job | None:
+        """Like head(), but waits (long-polling) across epoch barriers: None when the run is
+        finished, or when ``until(open_epoch)`` holds for the epoch the coordinator says is
+        open — (set, epoch), its last jobs held by other workers — e.g. one this worker has
+        not entered yet (the coordinator answers a waiting acquire as soon as an epoch opens)."""
         with self._cv:
             self._raise_error()
             self._started = True
@@ -617,7 +621,8 @@ class JobFeed:
                 self._long_poll = True
                 self._cv.notify_all()
                 self._cv.wait_for(lambda: self._ready or self._error is not None
-                                  or self.finished is not None)
+                                  or self.finished is not None
+                                  or (until is not None and until(self.open_epoch)))
                 self._long_poll = False
                 self._raise_error()
             return self._ready[0] if self._ready else None
@@ -790,6 +795,9 @@ class JobFeed:
         if reply["status"] == "finished":
             self.finished = run.finished = Finished(reply["state"], reply["reason"])
             return [], "finished"
+        if reply["status"] == "wait":
+            open_epoch = reply.get("open")
+            self.open_epoch = (open_epoch["set"], open_epoch["epoch"]) if open_epoch else None
         return run._take_group(reply), reply["status"]
 
 

@@ -57,6 +57,8 @@ class _Pending:
 
 class Phase:
     """The batches one rank trains (or evaluates) in one epoch of one set: a batch sampler.
+    Every epoch is a phase on every rank, an empty one when the rank got no job of it, so that
+    DDP ranks enter the same join() contexts and per-epoch code runs on each of them.
 
     set, epoch: which epoch of which set. revisit: False for the rank's first phase of this
     epoch, True for a later one (a job of the epoch came back, e.g. from a rank that died, after
@@ -202,9 +204,10 @@ class Phases:
         self._orders = {name: SampleOrder(n, batch_size, seed, name, shuffle)
                         for name, n in sizes.items()}
         self._on_epoch_end = on_epoch_end
-        # Epochs closed before we started are not ours to announce (a resumed run, a late rank).
+        # Epochs closed before we started are not ours to announce or to enter (a resumed run,
+        # a late rank).
         self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
-        self._seen: set[tuple[str, int]] = set()
+        self._seen: set[tuple[str, int]] = set(self._announced)
         self.current: Phase | None = None
         self._feed: JobFeed = run.feed(prefetch, self._prepare, before_close=self._end_phase)
 
@@ -233,13 +236,45 @@ class Phases:
             while True:
                 if self.current is not None:
                     self.current._close()
-                job = self._feed.head() or self._feed.wait()  # waits across epoch barriers
-                self._announce_closed_epochs()
+                job = self._feed.head()
                 if job is None:
+                    # No job for this rank right now. If an epoch it has not entered is open
+                    # (the others hold its last jobs), enter it as an empty phase rather than
+                    # wait: DDP ranks training it need this rank in their join() context.
+                    status = self.run.status()
+                    current = status["current"]
+                    if current is not None and (current["set"], current["epoch"]) not in self._seen:
+                        key = (current["set"], current["epoch"])
+                        self._announce(status["epochs"], key)
+                        self._seen.add(key)
+                        self.current = Phase(self, key[0], key[1], revisit=False)
+                        yield self.current
+                        continue
+                    # Wait across the barrier: for a job, the run's end, or an epoch to enter.
+                    job = self._feed.wait(until=lambda open_epoch: open_epoch is not None
+                                          and open_epoch not in self._seen)
+                    if job is None and self._feed.finished is None:
+                        continue  # an epoch opened whose jobs the others hold: enter it
+                key = (job.set, job.epoch) if job is not None else None
+                epochs = self.run.status()["epochs"]  # opened epochs, in opening order
+                # Every epoch is a phase on every rank, an empty one where this rank got no job:
+                # DDP ranks enter the same join() contexts, per-epoch code runs on all of them.
+                for record in epochs:
+                    passed = (record["set"], record["epoch"])
+                    if passed == key:
+                        break
+                    if passed not in self._seen:
+                        self._announce(epochs, passed)
+                        self._seen.add(passed)
+                        self.current = Phase(self, passed[0], passed[1], revisit=False)
+                        yield self.current
+                        self.current._close()
+                if key is None:
+                    self._announce(self.run.status()["epochs"], None)
                     self._feed.flush()
                     return  # the run is finished: run.finished says how
-                key = (job.set, job.epoch)
-                self.current = Phase(self, job.set, job.epoch, revisit=key in self._seen)
+                self._announce(epochs, key)
+                self.current = Phase(self, key[0], key[1], revisit=key in self._seen)
                 self._seen.add(key)
                 yield self.current
         finally:
@@ -260,11 +295,14 @@ class Phases:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _announce_closed_epochs(self) -> None:
+    def _announce(self, epochs: list[dict[str, Any]], before: tuple[str, int] | None) -> None:
+        """on_epoch_end for the closed epochs opened before `before` (all: None), in order."""
         if self._on_epoch_end is None:
             return
-        for record in self.run.status()["epochs"]:  # in the order they were opened
+        for record in epochs:
             key = (record["set"], record["epoch"])
+            if key == before:
+                return
             if record["closed"] and key not in self._announced:
                 self._announced.add(key)
                 self._on_epoch_end(record["set"], record["epoch"], record)

@@ -261,10 +261,27 @@ void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now
         write_job(j, run, a.job, now);
       }
       break;
-    case AcquireStatus::kWait:
+    case AcquireStatus::kWait: {
       j.field("status", "wait");
       j.field("retry_after_ms", a.retry_after_ms);
+      // The oldest epoch still open (its last jobs held by other workers), or null.
+      const Epoch* open = nullptr;
+      for (auto it = run.epochs().rbegin(); it != run.epochs().rend(); ++it) {
+        if (!it->closed()) {
+          open = &*it;
+        } else if (open != nullptr) {
+          break;
+        }
+      }
+      j.key("open");
+      if (open != nullptr) {
+        j.begin_object().field("set", set_name(open->plan.set)).field("epoch", open->plan.epoch);
+        j.end_object();
+      } else {
+        j.null();
+      }
       break;
+    }
     case AcquireStatus::kFinished:
       j.field("status", "finished");
       j.field("state", run_state_name(run.state()));
@@ -834,7 +851,8 @@ std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out)
   auto a = (*run)->acquire(parked.worker, parked.request,
                            static_cast<uint32_t>(std::max<uint64_t>(parked.max_jobs, 1)));
   if (!a) return error_reply(a.error());
-  if (a->status == AcquireStatus::kWait && !timed_out) return std::nullopt;
+  const bool epoch_opened = (*run)->epochs().size() != parked.epochs_opened;
+  if (a->status == AcquireStatus::kWait && !timed_out && !epoch_opened) return std::nullopt;
   return acquired_reply(**run, parked, *a, clock_.now());
 }
 
@@ -1111,7 +1129,10 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   }
   TC_TRY_ASSIGN(a, run.acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
-  if (a.status == AcquireStatus::kWait && acquiring.deadline > now) return acquiring;
+  if (a.status == AcquireStatus::kWait && acquiring.deadline > now) {
+    acquiring.epochs_opened = run.epochs().size();
+    return acquiring;
+  }
   return acquired_reply(run, acquiring, a, now);
 }
 

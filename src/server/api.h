@@ -42,6 +42,10 @@ struct ParkedAcquire {
   std::optional<std::vector<Completed>> outcomes;  // ... or with a list of completions
   uint64_t request = 0;                            // the acquire's idempotency id (0: none)
   uint64_t max_jobs = 0;  // "jobs": up to this many, listed (0: not asked; one, as "job")
+  // Epochs the run had opened when it was parked: when another opens (with no job for this
+  // worker, or it would have one), the acquire is answered "wait" at once, naming the open
+  // epoch, so that a worker can enter an epoch the others hold every job of (docs/API.md).
+  size_t epochs_opened = 0;
 };
 
 // What the durable store wants to hear from the API, beyond the log of requests.
