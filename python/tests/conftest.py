@@ -57,6 +57,22 @@ class Server:
 
 
 @pytest.fixture
+def serve_toml(tmp_path):
+    """Starts an in-memory coordinator on a run config given as TOML text; stops it after."""
+    servers = []
+
+    def start(toml):
+        config = tmp_path / f"run{len(servers)}.toml"
+        config.write_text(toml)
+        servers.append(Server(["--config", str(config), "--in-memory"]))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.kill()
+
+
+@pytest.fixture
 def run_config(tmp_path):
     path = tmp_path / "py.toml"
     path.write_text(RUN_TOML)

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Server
-
 import traincoord
 
 HERE = Path(__file__).resolve().parent
@@ -40,12 +38,8 @@ timeout = 2.0
 
 
 @pytest.fixture
-def loader_server(tmp_path):
-    config = tmp_path / "loader.toml"
-    config.write_text(LOADER_TOML)
-    server = Server(["--config", str(config), "--in-memory"])
-    yield server
-    server.kill()
+def loader_server(serve_toml):
+    return serve_toml(LOADER_TOML)
 
 
 def start_rank(server, tmp_path, name, *args, env=None):

@@ -4,8 +4,6 @@ import logging
 
 import pytest
 
-from conftest import Server
-
 import traincoord
 import traincoord.torch
 from traincoord.torch import Phases, ReportError
@@ -27,12 +25,8 @@ timeout = 1.0
 
 
 @pytest.fixture
-def phases_server(tmp_path):
-    config = tmp_path / "phases.toml"
-    config.write_text(PHASES_TOML)
-    server = Server(["--config", str(config), "--in-memory"])
-    yield server
-    server.kill()
+def phases_server(serve_toml):
+    return serve_toml(PHASES_TOML)
 
 
 def test_settings_that_disagree_with_the_run_are_refused_naming_both(phases_server):

@@ -21,6 +21,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "client/wire.h"
 #include "json/json_writer.h"
 
 namespace traincoord::client {
@@ -587,13 +588,7 @@ Result<std::vector<Job>> Worker::complete_and_next_jobs(
   j.begin_object().field("worker", id_.load()).key("completions").begin_array();
   for (const auto& [job, c] : done) {
     drop(job.lease);
-    j.begin_object().field("lease", job.lease).field("loss", c.loss).field("samples", c.samples);
-    if (!c.metrics.empty()) {
-      j.key("metrics").begin_object();
-      for (const auto& [name, value] : c.metrics) j.field(name, value);
-      j.end_object();
-    }
-    j.end_object();
+    wire::write_completion(j, job, c);
   }
   j.end_array();
   j.field("next", true).field("wait_ms", options_.long_poll.count());

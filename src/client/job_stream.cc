@@ -4,6 +4,7 @@
 
 #include <rapidjson/document.h>
 
+#include "client/wire.h"
 #include "core/sample_order.h"
 #include "json/json_writer.h"
 #include "traincoord/client.h"
@@ -11,16 +12,6 @@
 namespace traincoord::client {
 
 namespace {
-
-void write_completion(JsonWriter& j, const Job& job, const Completion& c) {
-  j.begin_object().field("lease", job.lease).field("loss", c.loss).field("samples", c.samples);
-  if (!c.metrics.empty()) {
-    j.key("metrics").begin_object();
-    for (const auto& [name, value] : c.metrics) j.field(name, value);
-    j.end_object();
-  }
-  j.end_object();
-}
 
 uint64_t next_request_id() {
   static std::atomic<uint64_t> counter{
@@ -111,7 +102,7 @@ void JobStream::loop() {
       j.begin_object().field("worker", worker_.id_.load()).key("completions").begin_array();
       for (const auto& [job, c] : done) {
         worker_.drop(job.lease);
-        write_completion(j, job, c);
+        wire::write_completion(j, job, c);
       }
       j.end_array();
       if (need > 0) {
