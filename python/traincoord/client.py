@@ -584,6 +584,7 @@ class JobFeed:
         self._started = False  # nothing is fetched before the consumer first asks
         # The epoch the last "wait" answer named as open, as (set, epoch), or None.
         self.open_epoch: tuple[str, int] | None = None
+        self._epochs_known: int | None = None  # sent with a long poll: see wait()
         self.finished: Finished | None = None
         self._error: BaseException | None = None
         self._closing = False
@@ -609,22 +610,27 @@ class JobFeed:
                 self._raise_error()
             return self._ready[0] if self._ready else None
 
-    def wait(self, until: Callable[[tuple[str, int] | None], bool] | None = None) -> Job | None:
+    def wait(self, until: Callable[[tuple[str, int] | None], bool] | None = None,
+             epochs_opened: int | None = None) -> Job | None:
         """Like head(), but waits (long-polling) across epoch barriers: None when the run is
         finished, or when ``until(open_epoch)`` holds for the epoch the coordinator says is
         open — (set, epoch), its last jobs held by other workers — e.g. one this worker has
-        not entered yet (the coordinator answers a waiting acquire as soon as an epoch opens)."""
+        not entered yet (the coordinator answers a waiting acquire as soon as an epoch opens;
+        `epochs_opened`, the number of epochs the caller knows were opened, makes it answer at
+        once when more were)."""
         with self._cv:
             self._raise_error()
             self._started = True
-            if not self._ready and self.finished is None:
-                self._long_poll = True
+            self._epochs_known = epochs_opened
+            while not self._ready and self.finished is None:
+                self._long_poll = True  # one long poll; the thread clears it when answered
                 self._cv.notify_all()
                 self._cv.wait_for(lambda: self._ready or self._error is not None
-                                  or self.finished is not None
-                                  or (until is not None and until(self.open_epoch)))
+                                  or self.finished is not None or not self._long_poll)
                 self._long_poll = False
                 self._raise_error()
+                if until is not None and until(self.open_epoch):
+                    break
             return self._ready[0] if self._ready else None
 
     def pop(self) -> Job:
@@ -747,6 +753,8 @@ class JobFeed:
                 if need:
                     self._answered = max(self._answered, asked)
                     self._dry = status == "wait" and not jobs
+                if long_poll:
+                    self._long_poll = False  # answered: wait() asks again if it still waits
                 self._cv.notify_all()
 
     def _exchange(self, releases: list[Job], done: list[Job], need: int,
@@ -786,10 +794,12 @@ class JobFeed:
                     job._sent = True
                 reply = reply.get("next")
         if need and reply is None:
-            wait_ms = int(run.long_poll * 1000) if long_poll else 0
-            reply = run._post("acquire", {"worker": run.id, "request": _request_id(),
-                                          "jobs": need, "wait_ms": wait_ms},
-                              extra=run.long_poll if long_poll else 0, conn=self._conn)
+            body = {"worker": run.id, "request": _request_id(), "jobs": need,
+                    "wait_ms": int(run.long_poll * 1000) if long_poll else 0}
+            if long_poll and self._epochs_known is not None:
+                body["epochs_opened"] = self._epochs_known
+            reply = run._post("acquire", body, extra=run.long_poll if long_poll else 0,
+                              conn=self._conn)
         if reply is None:
             return [], ""
         if reply["status"] == "finished":
@@ -798,6 +808,8 @@ class JobFeed:
         if reply["status"] == "wait":
             open_epoch = reply.get("open")
             self.open_epoch = (open_epoch["set"], open_epoch["epoch"]) if open_epoch else None
+            if self._epochs_known is not None:  # the next long poll waits for a newer epoch
+                self._epochs_known = reply.get("epochs_opened", self._epochs_known)
         return run._take_group(reply), reply["status"]
 
 

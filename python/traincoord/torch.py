@@ -252,7 +252,8 @@ class Phases:
                         continue
                     # Wait across the barrier: for a job, the run's end, or an epoch to enter.
                     job = self._feed.wait(until=lambda open_epoch: open_epoch is not None
-                                          and open_epoch not in self._seen)
+                                          and open_epoch not in self._seen,
+                                          epochs_opened=len(status["epochs"]))
                     if job is None and self._feed.finished is None:
                         continue  # an epoch opened whose jobs the others hold: enter it
                 key = (job.set, job.epoch) if job is not None else None

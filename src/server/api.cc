@@ -273,6 +273,7 @@ void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now
           break;
         }
       }
+      j.field("epochs_opened", static_cast<uint64_t>(run.epochs().size()));
       j.key("open");
       if (open != nullptr) {
         j.begin_object().field("set", set_name(open->plan.set)).field("epoch", open->plan.epoch);
@@ -1122,16 +1123,20 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
     TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
     TC_TRY_ASSIGN(jobs, read_jobs(body));
+    // How many epochs the worker knows were opened (the length of the status's "epochs"):
+    // when more were, a wait is answered at once instead of parked (docs/API.md).
+    TC_TRY_ASSIGN(known, body.uint("epochs_opened", UINT64_MAX, UINT64_MAX));
     TC_TRY_REPLY(body.no_unknown_fields());
     acquiring.deadline = now + static_cast<TimeMs>(wait_ms);
     acquiring.request = request;
     acquiring.max_jobs = jobs;
+    acquiring.epochs_opened = known == UINT64_MAX ? run.epochs().size() : known;
   }
   TC_TRY_ASSIGN(a, run.acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
   if (a.status == AcquireStatus::kWait && acquiring.deadline > now) {
-    acquiring.epochs_opened = run.epochs().size();
-    return acquiring;
+    if (action == "complete") acquiring.epochs_opened = run.epochs().size();
+    if (acquiring.epochs_opened == run.epochs().size()) return acquiring;
   }
   return acquired_reply(run, acquiring, a, now);
 }
