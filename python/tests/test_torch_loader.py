@@ -166,7 +166,7 @@ def test_a_rank_killed_with_its_loader_prefetched_loses_nothing(loader_server, t
 
 
 def test_ddp_ranks_stay_in_step_when_one_gets_no_job_of_an_epoch(loader_server, tmp_path):
-    # 16 jobs ahead and 13 train jobs an epoch: one rank may take a whole epoch. The other
+    # 32 batches (16 jobs) ahead and 13 train jobs an epoch: one rank may take a whole epoch. The other
     # still gets that epoch as an (empty) phase, so both enter the same join() contexts and
     # DDP's all-reduces match; nothing hangs.
     with socket.socket() as s:
@@ -176,8 +176,8 @@ def test_ddp_ranks_stay_in_step_when_one_gets_no_job_of_an_epoch(loader_server, 
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
-        ranks.append(start_rank(loader_server, tmp_path, f"ddp{rank}", "--ddp", "--jobs-ahead",
-                                "16", "--num-workers", "2", env=env))
+        ranks.append(start_rank(loader_server, tmp_path, f"ddp{rank}", "--ddp", "--batches-ahead",
+                                "32", "--num-workers", "2", env=env))
     outputs = finish(ranks)
     for (proc, _), out in zip(ranks, outputs):
         assert proc.returncode == 0, out

@@ -60,7 +60,7 @@ def main():
     p.add_argument("--raise-at", default="", help="SET:EPOCH:K: raise after K batches")
     p.add_argument("--die-at", default="", help="SET:EPOCH:K: SIGKILL itself after K batches")
     p.add_argument("--step-ms", type=float, default=2.0)
-    p.add_argument("--jobs-ahead", type=int, default=4, help="Phases(prefetch=...)")
+    p.add_argument("--batches-ahead", type=int, default=4, help="Phases(prefetch=...)")
     p.add_argument("--ddp", action="store_true",
                    help="train a model with DistributedDataParallel (gloo) and join()")
     a = p.parse_args()
@@ -83,7 +83,7 @@ def main():
     phases = traincoord.torch.Phases(
         run, batch_size=a.batch_size, sizes={"train": a.train, "dev": a.dev}, shuffle=a.shuffle,
         on_epoch_end=lambda s, e, record: ends.append([s, e, record["closed"]]),
-        prefetch=a.jobs_ahead)
+        prefetch=a.batches_ahead)
     data = {"train": Ids(a.train), "dev": Ids(a.dev)}
     options = {"num_workers": a.num_workers, "pin_memory": a.pin_memory}
     if a.num_workers and a.prefetch:

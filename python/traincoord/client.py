@@ -585,6 +585,7 @@ class JobFeed:
         # The epoch the last "wait" answer named as open, as (set, epoch), or None.
         self.open_epoch: tuple[str, int] | None = None
         self._epochs_known: int | None = None  # sent with a long poll: see wait()
+        self.epochs_opened = 0  # the most epochs the coordinator said it had opened
         self.finished: Finished | None = None
         self._error: BaseException | None = None
         self._closing = False
@@ -802,6 +803,7 @@ class JobFeed:
                               conn=self._conn)
         if reply is None:
             return [], ""
+        self.epochs_opened = max(self.epochs_opened, int(reply.get("epochs_opened", 0)))
         if reply["status"] == "finished":
             self.finished = run.finished = Finished(reply["state"], reply["reason"])
             return [], "finished"

@@ -184,8 +184,9 @@ class Phases:
     samples at positions [b * batch_size, (b + 1) * batch_size) of that epoch's sample order:
     shuffle="epoch" (default) draws a fresh permutation every epoch, "fixed" one for the whole
     run, "none" keeps the data set's order (traincoord.order; seed defaults to the run's
-    data.seed, so every rank agrees). prefetch: jobs fetched ahead of the loader (1 to 64; about
-    half of them are fetched, and completions sent, per round trip: raise it for tiny jobs).
+    data.seed, so every rank agrees). prefetch: batches fetched ahead of the loader, in whole
+    jobs (default 4: four jobs of one batch, one job of 4 or more); about half of them are
+    fetched, and completions sent, per round trip: raise it for tiny jobs.
     on_epoch_end(set, epoch, record): called exactly once per epoch of each set that closes on
     the coordinator while this Phases runs, in order, before the next phase starts (also for
     epochs this rank got no job of), with the epoch's record from the run's status (loss,
@@ -197,6 +198,8 @@ class Phases:
                  on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None) -> None:
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1 (batches), got {prefetch}")
         self.run, self.batch_size = run, batch_size
         status = run.status()
         _check_sizes(run.run, status["config"], batch_size, sizes)
@@ -208,8 +211,14 @@ class Phases:
         # a late rank).
         self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
         self._seen: set[tuple[str, int]] = set(self._announced)
+        # The epochs opened so far as this rank knows them, in opening order.
+        self._order = [(e["set"], e["epoch"]) for e in status["epochs"]]
         self.current: Phase | None = None
-        self._feed: JobFeed = run.feed(prefetch, self._prepare, before_close=self._end_phase)
+        # Jobs held ahead: enough for `prefetch` batches. Big jobs are fetched one ahead, so a
+        # rank never sits on jobs another rank could be training (dynamic sharding).
+        per_job = max(1, int(status["plan"]["batches_per_job"]))
+        self._feed: JobFeed = run.feed(max(1, min(64, -(-prefetch // per_job))), self._prepare,
+                                       before_close=self._end_phase)
 
     def sampler(self, set_name: str) -> EpochSampler:
         """A batch sampler that follows the current phase of `set_name`, for one DataLoader
@@ -236,50 +245,58 @@ class Phases:
             while True:
                 if self.current is not None:
                     self.current._close()
-                job = self._feed.head()
-                if job is None:
-                    # No job for this rank right now. If an epoch it has not entered is open
-                    # (the others hold its last jobs), enter it as an empty phase rather than
-                    # wait: DDP ranks training it need this rank in their join() context.
-                    status = self.run.status()
-                    current = status["current"]
-                    if current is not None and (current["set"], current["epoch"]) not in self._seen:
-                        key = (current["set"], current["epoch"])
-                        self._announce(status["epochs"], key)
-                        self._seen.add(key)
-                        self.current = Phase(self, key[0], key[1], revisit=False)
-                        yield self.current
-                        continue
-                    # Wait across the barrier: for a job, the run's end, or an epoch to enter.
-                    job = self._feed.wait(until=lambda open_epoch: open_epoch is not None
-                                          and open_epoch not in self._seen,
-                                          epochs_opened=len(status["epochs"]))
-                    if job is None and self._feed.finished is None:
-                        continue  # an epoch opened whose jobs the others hold: enter it
-                key = (job.set, job.epoch) if job is not None else None
-                epochs = self.run.status()["epochs"]  # opened epochs, in opening order
-                # Every epoch is a phase on every rank, an empty one where this rank got no job:
-                # DDP ranks enter the same join() contexts, per-epoch code runs on all of them.
-                for record in epochs:
-                    passed = (record["set"], record["epoch"])
-                    if passed == key:
-                        break
-                    if passed not in self._seen:
-                        self._announce(epochs, passed)
-                        self._seen.add(passed)
-                        self.current = Phase(self, passed[0], passed[1], revisit=False)
-                        yield self.current
-                        self.current._close()
+                feed = self._feed
+                job = feed.head()
+                if job is None and feed.finished is None:
+                    # No job for this rank right now. An epoch it has not entered that is open
+                    # (the others hold its last jobs) is entered at once, as an empty phase:
+                    # DDP ranks training it need this rank in their join() context. Otherwise
+                    # wait across the barrier for a job, the run's end, or such an epoch.
+                    if feed.open_epoch is None or feed.open_epoch in self._seen:
+                        job = feed.wait(until=lambda e: e is not None and e not in self._seen,
+                                        epochs_opened=max(feed.epochs_opened, len(self._order)))
+                    if job is None and (feed.open_epoch is None or feed.open_epoch in self._seen):
+                        if feed.finished is None:
+                            continue
+                key = (job.set, job.epoch) if job is not None else feed.open_epoch
+                if feed.finished is not None and job is None:
+                    key = None
+                yield from self._enter(key)
                 if key is None:
-                    self._announce(self.run.status()["epochs"], None)
                     self._feed.flush()
                     return  # the run is finished: run.finished says how
-                self._announce(epochs, key)
-                self.current = Phase(self, key[0], key[1], revisit=key in self._seen)
-                self._seen.add(key)
-                yield self.current
         finally:
             self.close()
+
+    def _enter(self, key: tuple[str, int] | None) -> Iterator[Phase]:
+        """Yields a phase for every epoch opened before `key` that this rank has not entered
+        (empty: every epoch is a phase on every rank, so that DDP ranks enter the same join()
+        contexts and per-epoch code runs on each), then the phase of `key` (None: the run is
+        finished). The run's status is read only when an epoch opened that this rank did not
+        see open, or for on_epoch_end."""
+        records = None
+        if key is None or key not in self._order:
+            if key is not None and self._feed.epochs_opened == len(self._order) + 1:
+                self._order.append(key)  # the one epoch opened since: no status needed
+            else:
+                records = self.run.status()["epochs"]  # opened epochs, in opening order
+                self._order = [(e["set"], e["epoch"]) for e in records]
+        if self._on_epoch_end is not None and records is None:
+            records = self.run.status()["epochs"]
+        for passed in self._order:
+            if passed == key:
+                break
+            if passed not in self._seen:
+                self._announce(records, passed)
+                self._seen.add(passed)
+                self.current = Phase(self, passed[0], passed[1], revisit=False)
+                yield self.current
+                self.current._close()
+        self._announce(records, key)
+        if key is not None:
+            self.current = Phase(self, key[0], key[1], revisit=key in self._seen)
+            self._seen.add(key)
+            yield self.current
 
     def close(self) -> None:
         """Ends the current phase (handing back what was not reported) and the prefetching.
@@ -296,9 +313,10 @@ class Phases:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _announce(self, epochs: list[dict[str, Any]], before: tuple[str, int] | None) -> None:
+    def _announce(self, epochs: list[dict[str, Any]] | None,
+                  before: tuple[str, int] | None) -> None:
         """on_epoch_end for the closed epochs opened before `before` (all: None), in order."""
-        if self._on_epoch_end is None:
+        if self._on_epoch_end is None or epochs is None:
             return
         for record in epochs:
             key = (record["set"], record["epoch"])

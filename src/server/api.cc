@@ -248,6 +248,7 @@ void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
 // `listed`: the acquire asked for "jobs": N, and the reply lists them under "jobs".
 void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now, bool listed) {
   j.begin_object();
+  j.field("epochs_opened", static_cast<uint64_t>(run.epochs().size()));
   switch (a.status) {
     case AcquireStatus::kJob:
       j.field("status", "job");
@@ -273,7 +274,6 @@ void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now
           break;
         }
       }
-      j.field("epochs_opened", static_cast<uint64_t>(run.epochs().size()));
       j.key("open");
       if (open != nullptr) {
         j.begin_object().field("set", set_name(open->plan.set)).field("epoch", open->plan.epoch);
