@@ -140,7 +140,7 @@ std::string batch_list(const std::vector<uint64_t>& batches) {
 std::string validated_epochs(const SimulationResult& r) {
   std::string s;
   int shown = 0;
-  for (int64_t e = r.plan.start_epoch; e < r.plan.target_epoch; ++e) {
+  for (int64_t e = r.plan.start_epoch; e < r.plan.end_epoch; ++e) {
     if (!dev_epoch_plan(r.plan, r.config, e)) continue;
     if (shown++ == 12) return s + ", ...";
     s += (s.empty() ? "" : ", ") + std::to_string(e);
