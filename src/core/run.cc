@@ -111,11 +111,13 @@ Run::Run(RunConfig config, const Clock& clock)
       next_epoch_(plan_.start_epoch) {
   if (!plan_.trains) {
     if (plan_.target_epoch > plan_.start_epoch) {  // seed_compat: the checkpoint covers it all
+      const int64_t epochs = plan_.target_epoch - plan_.start_epoch;
       finish(RunState::kCompleted,
-             "nothing left to train: the checkpoint (step " + std::to_string(config_.start_step) +
-                 ") already trained the " + std::to_string(plan_.jobs_trained) +
-                 " jobs that seed_compat plans up to target epoch " +
-                 std::to_string(plan_.target_epoch));
+             "nothing left to train: seed_compat plans " + std::to_string(epochs) + " epochs x " +
+                 std::to_string(plan_.train_jobs_per_epoch) + " jobs - " +
+                 std::to_string(plan_.jobs_trained) + " jobs the checkpoint (step " +
+                 std::to_string(config_.start_step) + ") already trained = 0 train jobs up to " +
+                 "target epoch " + std::to_string(plan_.target_epoch));
     } else {
       finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) +
                                        " already reached (the checkpoint is at epoch " +
