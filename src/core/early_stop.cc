@@ -67,17 +67,41 @@ bool EarlyStopRule::observe_window(int64_t epoch, double latest) {
   if (obs.size() < n) return false;
   // L[-n:-1]: the n-1 dev losses before the latest.
   double max = -INFINITY, sum = 0;
+  bool finite = true;
   for (size_t i = obs.size() - n; i + 1 < obs.size(); ++i) {
     max = std::max(max, obs[i].second);
     sum += obs[i].second;
+    finite = finite && std::isfinite(obs[i].second);
   }
   const double count = static_cast<double>(n - 1);
-  const double mean = sum / count;
+  double mean = sum / count;
+  if (finite && !std::isfinite(sum)) {
+    // Finite losses whose sum overflows (near 1.8e308): their mean, as a running mean.
+    mean = 0;
+    double k = 0;
+    for (size_t i = obs.size() - n; i + 1 < obs.size(); ++i) {
+      k += 1;
+      mean += obs[i].second / k - mean / k;
+    }
+  }
   double squares = 0;
   for (size_t i = obs.size() - n; i + 1 < obs.size(); ++i) {
     squares += (obs[i].second - mean) * (obs[i].second - mean);
   }
-  const double std_dev = std::sqrt(squares / count);  // population std, as numpy's default
+  double std_dev = std::sqrt(squares / count);  // population std, as numpy's default
+  if (finite && !std::isfinite(squares)) {
+    // Deviations past 1e154 square to inf: scale them by the largest first.
+    double scale = 0;
+    for (size_t i = obs.size() - n; i + 1 < obs.size(); ++i) {
+      scale = std::max(scale, std::fabs(obs[i].second / 2 - mean / 2));
+    }
+    double scaled = 0;
+    for (size_t i = obs.size() - n; i + 1 < obs.size(); ++i) {
+      const double d = (obs[i].second / 2 - mean / 2) / scale;
+      scaled += d * d;
+    }
+    std_dev = 2 * scale * std::sqrt(scaled / count);  // may be inf: a std past 1.8e308
+  }
   if (latest > max) {
     return stop(epoch, format("dev loss %.6g rose above the maximum %.6g of the %.0f before it",
                               latest, max, count));

@@ -64,6 +64,21 @@ TEST(EarlyStopWindow, UsesPopulationStd) {
   EXPECT_EQ(stop_epoch(above, {1.0, 2.0, 1.5}), 2);
 }
 
+// Issue 16, item 11 (aggregation): the window's sum of dev losses near 1.8e308 overflowed to
+// inf, so a plateau of huge but finite losses never stopped; squares past 1e154 did the same to
+// the std.
+TEST(EarlyStopWindow, APlateauOfHugeFiniteLossesIsStillAPlateau) {
+  const double big = 1.5e308;
+  EarlyStopRule plateau(window_rule(4, 0.5, 0.5));
+  EXPECT_EQ(stop_epoch(plateau, {big, big, big, big}), 3);
+  EXPECT_NE(plateau.state().reason.find("plateaued"), std::string::npos);
+  // Deviations of 1e200 (std 1e200, mean 2e200): no plateau, with or without overflow; but
+  // a std threshold above it sees the std as it is.
+  EarlyStopRule wide(window_rule(3, 1e300, 1.1e200));
+  EXPECT_EQ(stop_epoch(wide, {1e200, 3e200, 2e200}), 2);
+  EXPECT_NE(wide.state().reason.find("std 1e+200"), std::string::npos) << wide.state().reason;
+}
+
 TEST(EarlyStopWindow, WaitsForAFullWindow) {
   EarlyStopRule rule(window_rule(4));
   EXPECT_EQ(stop_epoch(rule, {1.0, 1.0, 1.0}), -1);

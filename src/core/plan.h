@@ -21,12 +21,27 @@ struct Plan {
   uint64_t jobs_trained = 0;      // jobs of the start epoch a checkpoint already covers
   uint64_t train_jobs_per_epoch = 0;
   uint64_t dev_jobs_per_epoch = 0;  // 0 when there is no dev set
-  int64_t target_epoch = 0;         // training runs epochs [start_epoch, target_epoch)
-  bool trains = false;              // target_epoch > start_epoch
-  uint64_t total_train_jobs = 0;    // over all epochs still to train
+  int64_t target_epoch = 0;         // the configured target (E, or start_epoch + |E|)
+  // Training opens the train epochs [start_epoch, end_epoch). end_epoch == target_epoch, except
+  // in seed_compat when the checkpoint's jobs use up the last epoch: the original counted the
+  // jobs left over all epochs and opened no epoch once none was left.
+  int64_t end_epoch = 0;
+  bool trains = false;            // total_train_jobs > 0 (so end_epoch > start_epoch)
+  uint64_t total_train_jobs = 0;  // over all epochs still to train
+  uint64_t dev_epochs = 0;        // dev epochs that follow the train epochs still to train
+  uint64_t total_dev_jobs = 0;    // dev_epochs * dev_jobs_per_epoch
 };
 
-// REQUIRES: validate(config) succeeded.
+// The most jobs a run may plan (train and dev together): every count the coordinator reports
+// then stays exact in a double (JSON readers, the dashboard, Prometheus).
+inline constexpr uint64_t kMaxPlannedJobs = uint64_t{1} << 53;
+
+// The plan of `config`, or kInvalidArgument naming the field when its numbers cannot be planned
+// (an epoch number past 2^63 - 1, more than kMaxPlannedJobs jobs). validate() calls it last.
+// REQUIRES: the field-by-field checks of validate() passed (sizes, G, I, R within their bounds).
+Result<Plan> plan_of(const RunConfig& config);
+
+// REQUIRES: validate(config) succeeded. Never fails; asserts the plan's invariants.
 Plan make_plan(const RunConfig& config);
 
 // Jobs that cover `batches` at `batches_per_job` each. seed_compat: max(1, floor) (the last,
@@ -45,8 +60,8 @@ struct EpochPlan {
   uint64_t size() const { return end_job - first_job; }
 };
 
-// The train epoch `epoch` of the run. REQUIRES: start_epoch <= epoch < target_epoch.
-// Default mode: the start epoch skips the jobs a checkpoint already trained.
+// The train epoch `epoch` of the run; at least one job. REQUIRES: start_epoch <= epoch <
+// end_epoch. Default mode: the start epoch skips the jobs a checkpoint already trained.
 // seed_compat: every epoch is whole except the last, which the resumed remainder shortens.
 EpochPlan train_epoch_plan(const Plan& plan, const RunConfig& config, int64_t epoch);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace traincoord {
@@ -65,13 +66,35 @@ std::string_view event_kind_name(EventKind kind) {
 double Epoch::metric(std::string_view name, bool sample_weighted) const {
   for (const MetricSum& m : metrics) {
     if (m.name != name) continue;
-    if (sample_weighted && m.samples > 0) return m.weighted / static_cast<double>(m.samples);
-    if (m.count > 0) return m.plain / static_cast<double>(m.count);
+    if (sample_weighted && m.samples > 0) return m.weighted;
+    if (m.count > 0) return m.plain;
   }
   return std::nan("");
 }
 
 namespace {
+
+// Folds the finite `x` into the running mean `mean` of finite values with weight `fraction` (its
+// share of the total weight so far, in (0, 1]). The result is a convex combination of the two,
+// so it stays within the range of what was folded in: no overflow to inf, whatever the
+// magnitudes (x - mean alone may overflow when both are huge and of opposite signs).
+double fold(double mean, double x, double fraction) {
+  const double step = x - mean;
+  const double next =
+      std::isfinite(step) ? mean + step * fraction : mean * (1 - fraction) + x * fraction;
+  // The last rounding of a value at the edge of the range may not tip it over.
+  return std::clamp(next, -std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
+}
+
+// Adds `samples` to a count that saturates at 2^64 - 1; returns the weight share of `samples`.
+double add_samples(uint64_t* total, uint64_t samples) {
+  const double fraction =
+      static_cast<double>(samples) / (static_cast<double>(*total) + static_cast<double>(samples));
+  *total = samples > std::numeric_limits<uint64_t>::max() - *total
+               ? std::numeric_limits<uint64_t>::max()
+               : *total + samples;
+  return fraction;
+}
 
 std::string job_name(const Epoch& e, uint64_t position) {
   return "job " + std::to_string(position) + " of " + std::string(set_name(e.plan.set)) +
@@ -87,21 +110,26 @@ Run::Run(RunConfig config, const Clock& clock)
       early_stop_(config_.early_stop),
       next_epoch_(plan_.start_epoch) {
   if (!plan_.trains) {
-    finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) +
-                                     " already reached (the checkpoint is at epoch " +
-                                     std::to_string(plan_.start_epoch) + ")");
+    if (plan_.target_epoch > plan_.start_epoch) {  // seed_compat: the checkpoint covers it all
+      const int64_t epochs = plan_.target_epoch - plan_.start_epoch;
+      finish(RunState::kCompleted,
+             "nothing left to train: seed_compat plans " + std::to_string(epochs) + " epochs x " +
+                 std::to_string(plan_.train_jobs_per_epoch) + " jobs - " +
+                 std::to_string(plan_.jobs_trained) + " jobs the checkpoint (step " +
+                 std::to_string(config_.start_step) + ") already trained = 0 train jobs up to " +
+                 "target epoch " + std::to_string(plan_.target_epoch));
+    } else {
+      finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) +
+                                       " already reached (the checkpoint is at epoch " +
+                                       std::to_string(plan_.start_epoch) + ")");
+    }
     return;
   }
   open_next_epoch();
 }
 
 uint64_t Run::planned_jobs() const {
-  if (!plan_.trains) return 0;
-  uint64_t jobs = plan_.total_train_jobs;
-  for (int64_t e = plan_.start_epoch; e < plan_.target_epoch; ++e) {
-    if (auto dev = dev_epoch_plan(plan_, config_, e)) jobs += dev->size();
-  }
-  return jobs;
+  return plan_.trains ? plan_.total_train_jobs + plan_.total_dev_jobs : 0;
 }
 
 void Run::emit(EventKind kind, std::string text) {
@@ -132,7 +160,7 @@ void Run::batches_of(const Job& job, std::vector<uint64_t>* out) const {
 // ---- the schedule of epochs ----
 
 bool Run::open_next_epoch() {
-  if (state_ != RunState::kRunning || next_epoch_ >= plan_.target_epoch) return false;
+  if (state_ != RunState::kRunning || next_epoch_ >= plan_.end_epoch) return false;
   EpochPlan p;
   if (!next_is_dev_) {
     p = train_epoch_plan(plan_, config_, next_epoch_);
@@ -169,9 +197,9 @@ void Run::close_epoch(uint32_t slot) {
   if (e.finite_jobs == 0) {
     e.loss = std::nan("");
   } else if (!config_.seed_compat && e.samples > 0) {
-    e.loss = e.weighted_loss / static_cast<double>(e.samples);
+    e.loss = e.weighted_loss;
   } else {
-    e.loss = e.plain_loss / static_cast<double>(e.finite_jobs);
+    e.loss = e.plain_loss;
   }
   running_.erase(std::find(running_.begin(), running_.end(), slot));
   // A closed epoch keeps its figures, not its tracking: hand back the hash table's buckets
@@ -218,8 +246,14 @@ void Run::advance() {
   if (state_ != RunState::kRunning) return;
   const bool overlap = config_.seed_compat || config_.overlap_epochs;
   if (running_.empty() && !overlap) open_next_epoch();
-  if (running_.empty() && next_epoch_ >= plan_.target_epoch) {
-    finish(RunState::kCompleted, "target epoch " + std::to_string(plan_.target_epoch) + " reached");
+  if (running_.empty() && next_epoch_ >= plan_.end_epoch) {
+    std::string why = "target epoch " + std::to_string(plan_.target_epoch) + " reached";
+    if (plan_.end_epoch < plan_.target_epoch) {
+      why += " (seed_compat: the " + std::to_string(plan_.total_train_jobs) +
+             " train jobs left after the checkpoint ended with epoch " +
+             std::to_string(plan_.end_epoch - 1) + ")";
+    }
+    finish(RunState::kCompleted, std::move(why));
   }
   if (running_.empty() && state_ == RunState::kRunning && overlap) {
     open_next_epoch();
@@ -457,10 +491,10 @@ Result<void> Run::check_completion(WorkerId worker, LeaseId lease) const {
 void Run::count_completion(Epoch& e, const Completion& c) {
   e.done += 1;
   if (std::isfinite(c.loss)) {
-    e.weighted_loss += c.loss * static_cast<double>(c.samples);
-    e.samples += c.samples;
-    e.plain_loss += c.loss;
+    if (c.samples > 0)
+      e.weighted_loss = fold(e.weighted_loss, c.loss, add_samples(&e.samples, c.samples));
     e.finite_jobs += 1;
+    e.plain_loss = fold(e.plain_loss, c.loss, 1.0 / static_cast<double>(e.finite_jobs));
   } else {
     e.nonfinite_jobs += 1;
     counters_.nonfinite_losses += 1;
@@ -473,10 +507,10 @@ void Run::count_completion(Epoch& e, const Completion& c) {
       it = std::prev(e.metrics.end());
     }
     if (!std::isfinite(m.value)) continue;
-    it->weighted += m.value * static_cast<double>(c.samples);
-    it->samples += c.samples;
-    it->plain += m.value;
+    if (c.samples > 0)
+      it->weighted = fold(it->weighted, m.value, add_samples(&it->samples, c.samples));
     it->count += 1;
+    it->plain = fold(it->plain, m.value, 1.0 / static_cast<double>(it->count));
   }
 }
 

@@ -97,17 +97,19 @@ struct Epoch {
   uint64_t leased = 0;  // jobs under a live lease now
   std::vector<uint64_t> failed_jobs;
 
-  // Aggregates of the counted completions.
-  double weighted_loss = 0;  // sum of loss * samples over finite losses
+  // Aggregates of the counted completions, kept as running means rather than sums: a mean of
+  // finite values never leaves their range, where a sum of loss * samples overflows to inf
+  // (a loss of 1e300 over 2^53 samples). Sample counts saturate at 2^64 - 1, never wrap.
+  double weighted_loss = 0;  // sample-weighted mean of the finite losses (over `samples`)
   uint64_t samples = 0;      // sum of samples over finite losses
-  double plain_loss = 0;     // sum of finite losses
+  double plain_loss = 0;     // plain mean of the finite losses (over `finite_jobs`)
   uint64_t finite_jobs = 0;
   uint64_t nonfinite_jobs = 0;
-  struct MetricSum {
+  struct MetricSum {  // the running means of one named metric, as those of the loss
     std::string name;
-    double weighted = 0;
+    double weighted = 0;  // sample-weighted mean of its finite values
     uint64_t samples = 0;
-    double plain = 0;
+    double plain = 0;  // plain mean of its finite values (over `count`)
     uint64_t count = 0;
   };
   std::vector<MetricSum> metrics;

@@ -9,7 +9,10 @@ namespace traincoord {
 namespace {
 
 constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
-constexpr uint32_t kFormat = 2;          // 2: workers' last acquire request
+// 2: workers' last acquire request. 3: an epoch's loss and metric aggregates are running means,
+// no longer sums (same layout; a format 2 snapshot is read and its sums turned into means).
+constexpr uint32_t kFormat = 3;
+constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
  public:
@@ -240,10 +243,16 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   };
   Reader r(bytes);
   if (r.u64() != kMagic) return corrupt("not a run snapshot");
-  if (const uint64_t format = r.u64(); format != kFormat) {
+  const uint64_t format = r.u64();
+  if (format < kOldestFormat || format > kFormat) {
     return corrupt("format " + std::to_string(format) + ", this build reads " +
-                   std::to_string(kFormat));
+                   std::to_string(kOldestFormat) + " to " + std::to_string(kFormat));
   }
+  // Format 2 kept sums where format 3 keeps means: the mean is the sum over its count.
+  auto mean_of = [&](double value, uint64_t count) {
+    if (format >= 3) return value;
+    return count == 0 ? 0.0 : value / static_cast<double>(count);
+  };
   auto run = std::make_unique<Run>(std::move(config), clock);
   run->events_.clear();
   run->epochs_.clear();
@@ -280,8 +289,10 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.failed_jobs.push_back(r.u64());
     e.weighted_loss = r.f64();
     e.samples = r.u64();
+    e.weighted_loss = mean_of(e.weighted_loss, e.samples);
     e.plain_loss = r.f64();
     e.finite_jobs = r.u64();
+    e.plain_loss = mean_of(e.plain_loss, e.finite_jobs);
     e.nonfinite_jobs = r.u64();
     for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
       Epoch::MetricSum ms;
@@ -290,6 +301,8 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
       ms.samples = r.u64();
       ms.plain = r.f64();
       ms.count = r.u64();
+      ms.weighted = mean_of(ms.weighted, ms.samples);
+      ms.plain = mean_of(ms.plain, ms.count);
       e.metrics.push_back(std::move(ms));
     }
     e.loss = r.f64();

@@ -1,7 +1,11 @@
 #include "core/run_config.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+
+#include "core/plan.h"
 
 namespace traincoord {
 
@@ -26,14 +30,31 @@ Result<void> validate(const RunConfig& c) {
                        "the training set must hold at least one batch");
       !r)
     return r;
-  if (auto r = require(c.gpus_per_worker >= 1, "schedule.gpus_per_worker", "must be at least 1");
+  // The bounds below are those of docs/CONFIG.md. Within them no count of planning overflows
+  // (see plan_of), and a batch index stays far below 2^64.
+  constexpr uint64_t kMaxBatches = uint64_t{1} << 50;
+  if (auto r = require(c.train_batches <= kMaxBatches, "data.train_batches",
+                       "at most 2^50 batches (" + std::to_string(kMaxBatches) + ")");
       !r)
     return r;
-  if (auto r =
-          require(c.iters_per_worker >= 0, "schedule.iters_per_worker", "must not be negative");
+  if (auto r = require(c.dev_batches <= kMaxBatches, "data.dev_batches",
+                       "at most 2^50 batches (" + std::to_string(kMaxBatches) + ")");
       !r)
     return r;
-  if (auto r = require(c.replicas_to_agg >= 0, "schedule.replicas_to_agg", "must not be negative");
+  if (auto r = require(c.gpus_per_worker >= 1 && c.gpus_per_worker <= (1 << 16),
+                       "schedule.gpus_per_worker", "must be between 1 and 65536");
+      !r)
+    return r;
+  if (auto r = require(c.iters_per_worker >= 0 && c.iters_per_worker <= (1 << 20),
+                       "schedule.iters_per_worker", "must be between 0 and 2^20 (0 counts as 1)");
+      !r)
+    return r;
+  if (auto r = require(c.replicas_to_agg >= 0 && c.replicas_to_agg <= (1 << 20),
+                       "schedule.replicas_to_agg", "must be between 0 and 2^20 (0 counts as 1)");
+      !r)
+    return r;
+  if (auto r = require(c.start_step <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                       "schedule.start_step", "must be at most 2^63 - 1");
       !r)
     return r;
   if (auto r = require(c.validation_every >= 0, "schedule.validation_every",
@@ -44,10 +65,16 @@ Result<void> validate(const RunConfig& c) {
                        "validation_every > 0 needs a dev set of at least one batch");
       !r)
     return r;
-  if (auto r = require(c.lease_timeout_ms >= 1, "leases.timeout", "must be positive"); !r) return r;
+  if (auto r = require(c.lease_timeout_ms >= 1 && c.lease_timeout_ms <= 604'800'000,
+                       "leases.timeout", "must be between 0.001 and 604800 seconds");
+      !r)
+    return r;
   if (auto r = require(c.max_attempts >= 1, "leases.max_attempts", "must be at least 1"); !r)
     return r;
-  if (auto r = require(c.lease_history >= 1, "leases.history", "must be at least 1"); !r) return r;
+  if (auto r = require(c.lease_history >= 1 && c.lease_history <= (1u << 26), "leases.history",
+                       "must be between 1 and 2^26");
+      !r)
+    return r;
   if (auto r = require(c.epochs >= -1'000'000 && c.epochs <= 1'000'000, "schedule.epochs",
                        "must be between -1000000 and 1000000");
       !r)
@@ -98,6 +125,8 @@ Result<void> validate(const RunConfig& c) {
         !r)
       return r;
   }
+  // Last: what the fields plan together (an epoch number or a job count too large to count).
+  if (auto plan = plan_of(c); !plan) return tl::unexpected(plan.error());
   return {};
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -193,6 +194,70 @@ TEST_F(RunTest, ARepeatedCompletionIsAnsweredIdempotentlyAndNotCountedTwice) {
   EXPECT_FALSE(again->counted());
   EXPECT_EQ(run.epochs()[0].done, 1u);
   EXPECT_DOUBLE_EQ(run.epochs()[0].plain_loss, 1.0);
+}
+
+// Issue 16, item 11: loss * samples overflowed to inf (1e300 * 2^53), and the epoch loss was
+// NaN (null in JSON). The epoch aggregates are running means: never past their inputs' range.
+TEST_F(RunTest, AnEpochLossOfHugeFiniteLossesIsTheirMeanNotInfinity) {
+  RunConfig c = small_config();
+  c.train_batches = 3;
+  c.epochs = 1;
+  c.validation_every = 0;
+  c.dev_batches = 0;
+  for (const bool compat : {false, true}) {
+    c.seed_compat = compat;
+    traincoord::Run run(c, clock_);
+    const WorkerId w = run.join("w");
+    const double big = std::numeric_limits<double>::max() / 2;  // the plain sum of 3 is inf too
+    for (const double loss : {big, big, big}) {
+      const Job j = take(run, w);
+      Completion done = loss_of(loss, uint64_t{1} << 53);
+      done.metrics.push_back({"accuracy", loss});
+      ASSERT_TRUE(run.complete(w, j.lease, done));
+    }
+    const Epoch& e = run.epochs().at(0);
+    ASSERT_TRUE(e.closed());
+    EXPECT_DOUBLE_EQ(e.loss, big) << (compat ? "seed_compat" : "default");
+    EXPECT_DOUBLE_EQ(e.metric("accuracy", true), big);
+    EXPECT_DOUBLE_EQ(e.metric("accuracy", false), big);
+    EXPECT_EQ(e.samples, 3 * (uint64_t{1} << 53));
+  }
+}
+
+TEST_F(RunTest, HugeLossesOfOppositeSignsAverageWithoutOverflow) {
+  RunConfig c = small_config();
+  c.train_batches = 2;
+  c.epochs = 1;
+  c.validation_every = 0;
+  c.dev_batches = 0;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const double max = std::numeric_limits<double>::max();
+  ASSERT_TRUE(run.complete(w, take(run, w).lease, loss_of(-max, 1)));
+  ASSERT_TRUE(run.complete(w, take(run, w).lease, loss_of(max, 3)));  // max - (-max) is inf
+  const Epoch& e = run.epochs().at(0);
+  ASSERT_TRUE(e.closed());
+  EXPECT_TRUE(std::isfinite(e.loss));
+  EXPECT_DOUBLE_EQ(e.loss, max / 2);  // (-max * 1 + max * 3) / 4
+  EXPECT_DOUBLE_EQ(e.plain_loss, 0.0);
+}
+
+TEST_F(RunTest, EpochSampleCountsSaturateInsteadOfWrapping) {
+  RunConfig c = small_config();
+  c.train_batches = 3;
+  c.epochs = 1;
+  c.validation_every = 0;
+  c.dev_batches = 0;
+  traincoord::Run run(c, clock_);
+  const WorkerId w = run.join("w");
+  const uint64_t half = uint64_t{1} << 63;
+  ASSERT_TRUE(run.complete(w, take(run, w).lease, loss_of(1.0, half)));
+  ASSERT_TRUE(run.complete(w, take(run, w).lease, loss_of(3.0, half)));  // 2^64: would wrap to 0
+  ASSERT_TRUE(run.complete(w, take(run, w).lease, loss_of(2.0, 5)));
+  const Epoch& e = run.epochs().at(0);
+  ASSERT_TRUE(e.closed());
+  EXPECT_EQ(e.samples, std::numeric_limits<uint64_t>::max());
+  EXPECT_NEAR(e.loss, 2.0, 1e-12);
 }
 
 TEST_F(RunTest, CompletingAnotherWorkersLeaseIsAConflict) {
@@ -520,6 +585,61 @@ TEST(RunCodec, ARestoredRunContinuesExactlyWhereItWas) {
   EXPECT_EQ(r.complete(b, done.lease, loss_of(1.0))->outcome, CompletionOutcome::kDuplicate);
   EXPECT_EQ(r.join("a"), a);
   EXPECT_EQ(r.counters().lease_expiries, 1u);
+}
+
+// The run of format2_fixture: a worker completed two train jobs (loss 1 over 1 sample and 2 over
+// 3, accuracy 0.5 and 0.25) and holds a third.
+void drive_format_fixture(traincoord::Run& run, ManualClock& clock) {
+  const WorkerId w = run.join("w");
+  const double losses[] = {1.0, 2.0};
+  const uint64_t samples[] = {1, 3};
+  const double accuracy[] = {0.5, 0.25};
+  for (int i = 0; i < 2; ++i) {
+    clock.advance(10);
+    const Job j = run.acquire(w)->job;
+    ASSERT_TRUE(run.complete(w, j.lease, {losses[i], samples[i], {{"accuracy", accuracy[i]}}}));
+  }
+  clock.advance(10);
+  ASSERT_TRUE(run.acquire(w));
+}
+
+// That run as a traincoord of format 2 saved it (sums: loss 7 over 4 samples, 3 over 2 jobs).
+const std::string& format2_fixture() {
+  static const char kBytes[] =
+      "\xb1\xa4\x8d\xa2\x05\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\xf8\x7f\x00\x00\x00\x00\x00\x01"
+      "\x00"
+      "\x00\x00\x04\x04\x00\x00\x02\x00\x01\x00\x00\x00\x00\x00\x00\x00\x1c\x40\x04\x00\x00\x00\x00"
+      "\x00"
+      "\x00\x08\x40\x02\x00\x01\x08\x61\x63\x63\x75\x72\x61\x63\x79\x00\x00\x00\x00\x00\x00\xf4\x3f"
+      "\x04"
+      "\x00\x00\x00\x00\x00\x00\xe8\x3f\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00\x01\x02\x01"
+      "\x00"
+      "\x03\x00\x01\x00\x00\x00\x01\x01\x00\x00\x01\x01\x77\x00\x3c\x01\x02\x01\x03\x00\x00\x03\x01"
+      "\x03"
+      "\x00\x00\x02\x01\x8c\x10\x00\x04\x00\x00\x05\x01\x00\x00\x02\x00\x00\x00\x00\x05\x03\x00\x00"
+      "\x02"
+      "\x00\x00\x00\x00\x00\x00\x02";
+  static const std::string bytes(kBytes, sizeof kBytes - 1);
+  return bytes;
+}
+
+TEST(RunCodec, ReadsAFormat2SnapshotTurningItsSumsIntoMeans) {
+  ManualClock clock;
+  auto old = RunCodec::load(small_config(), format2_fixture(), clock);
+  ASSERT_TRUE(old) << old.error().message;
+  const Epoch& e = (*old)->epochs().at(0);
+  EXPECT_EQ(e.samples, 4u);
+  EXPECT_DOUBLE_EQ(e.weighted_loss, 1.75);  // 7 / 4
+  EXPECT_DOUBLE_EQ(e.plain_loss, 1.5);      // 3 / 2
+  EXPECT_DOUBLE_EQ(e.metric("accuracy", true), 0.3125);
+  EXPECT_DOUBLE_EQ(e.metric("accuracy", false), 0.375);
+
+  // The same run driven by this build saves the same state, in the current format.
+  ManualClock now;
+  traincoord::Run run(small_config(), now);
+  ASSERT_NO_FATAL_FAILURE(drive_format_fixture(run, now));
+  EXPECT_EQ(RunCodec::save(**old), RunCodec::save(run));
+  EXPECT_NE(RunCodec::save(run), format2_fixture());
 }
 
 TEST(RunCodec, RefusesCorruptBytes) {

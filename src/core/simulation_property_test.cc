@@ -53,6 +53,8 @@ class World {
         1, c.train_batches / (static_cast<uint64_t>(c.gpus_per_worker) *
                               static_cast<uint64_t>(std::max(1, c.replicas_to_agg))));
     c.start_step = chance(0.3) ? uniform(0, 2 * steps_per_epoch) : 0;
+    // The last step of an epoch: the checkpoint's jobs may then be a whole seed_compat epoch.
+    if (chance(0.1)) c.start_step = uniform(0, 2) * steps_per_epoch + steps_per_epoch - 1;
     // Mostly a target above the start epoch; sometimes one already reached.
     c.epochs = chance(0.3) ? -static_cast<int64_t>(uniform(1, 4))
                            : static_cast<int64_t>(c.start_step / steps_per_epoch + uniform(0, 4));
@@ -133,6 +135,10 @@ class World {
     Completion c;
     c.loss = chance(0.03) ? NAN : uniform01() * 5;
     c.samples = uniform(0, 8);
+    if (chance(0.02)) {  // a loss * samples far past the largest double
+      c.loss = 1e300 * (1 + uniform01());
+      c.samples = uint64_t{1} << 53;
+    }
     if (chance(0.5)) c.metrics.push_back({"accuracy", uniform01()});
     return c;
   }
@@ -320,19 +326,22 @@ void World::check_invariants() const {
       EXPECT_EQ(batches, expected) << set_name(e.plan.set) << " epoch " << e.plan.epoch;
 
       // The epoch loss equals a direct computation from the counted completions.
-      double weighted = 0, plain = 0;
+      // (In long double, whose range holds loss * samples of any double loss.)
+      long double weighted = 0, plain = 0;
       uint64_t samples = 0, finite = 0;
       for (const Accepted& a : done) {
         if (!std::isfinite(a.completion.loss)) continue;
-        weighted += a.completion.loss * static_cast<double>(a.completion.samples);
+        weighted += static_cast<long double>(a.completion.loss) *
+                    static_cast<long double>(a.completion.samples);
         samples += a.completion.samples;
         plain += a.completion.loss;
         finite += 1;
       }
-      const double expected_loss = finite == 0 ? NAN
-                                   : (!config_.seed_compat && samples > 0)
-                                       ? weighted / static_cast<double>(samples)
-                                       : plain / static_cast<double>(finite);
+      const double expected_loss =
+          finite == 0 ? NAN
+          : (!config_.seed_compat && samples > 0)
+              ? static_cast<double>(weighted / static_cast<long double>(samples))
+              : static_cast<double>(plain / static_cast<long double>(finite));
       if (std::isnan(expected_loss)) {
         EXPECT_TRUE(std::isnan(e.loss));
       } else {
@@ -350,7 +359,7 @@ void World::check_invariants() const {
     }
     EXPECT_EQ(resolved, run.planned_jobs());
     size_t planned_epochs = 0;
-    for (int64_t e = plan.start_epoch; e < plan.target_epoch; ++e) {
+    for (int64_t e = plan.start_epoch; e < plan.end_epoch; ++e) {
       planned_epochs += 1 + (dev_epoch_plan(plan, config_, e) ? 1 : 0);
     }
     EXPECT_EQ(run.epochs().size(), planned_epochs);

@@ -279,6 +279,33 @@ TEST_F(ApiTest, RunsAreListedCreatedAndRefusedByName) {
   EXPECT_EQ(json("GET", "/v1/runs")["runs"].Size(), 2u);
 }
 
+// Issue 16, items 10 and 11: the first config was accepted and then aborted the server (and
+// every run it served); the second was accepted with a job count that wrapped around.
+TEST_F(ApiTest, AConfigThatValidatesIsServedAndOneThatCannotBePlannedIsRefusedByField) {
+  json("POST", "/v1/runs", R"({"name": "resume", "data": {"train_batches": 3},
+      "schedule": {"iters_per_worker": 2, "replicas_to_agg": 1, "start_step": 2, "epochs": 2,
+                   "validation_every": 0, "seed_compat": true}})",
+       201);
+  json("POST", "/v1/runs/resume/workers", R"({"name": "a"})");
+  auto job = json("POST", "/v1/runs/resume/acquire", R"({"worker": 0})");
+  ASSERT_STREQ(job["status"].GetString(), "job");
+  EXPECT_EQ(job["job"]["epoch"].GetInt64(), 0);
+  auto done = json("POST", "/v1/runs/resume/complete",
+                   R"({"worker": 0, "lease": 1, "loss": 1e300, "samples": 9007199254740992})");
+  EXPECT_STREQ(done["outcome"].GetString(), "accepted");
+  auto status = json("GET", "/v1/runs/resume");
+  EXPECT_STREQ(status["state"].GetString(), "completed");
+  ASSERT_TRUE(status["epochs"][0]["loss"].IsNumber());  // 1e300, not null
+  EXPECT_DOUBLE_EQ(status["epochs"][0]["loss"].GetDouble(), 1e300);
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");  // the other run is still served
+
+  auto huge = json("POST", "/v1/runs", R"({"name": "huge",
+      "data": {"train_batches": 1125899906842624}, "schedule": {"epochs": 1000000}})",
+                   400);
+  EXPECT_STREQ(huge["error"]["field"].GetString(), "schedule.epochs");
+  EXPECT_NE(std::string(huge["error"]["message"].GetString()).find("2^53"), std::string::npos);
+}
+
 TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   for (int lease = 1; lease <= 4; ++lease) {

@@ -405,6 +405,13 @@ class HttpServer::Impl {
         }
       }
       const TimeMs now = clock_.now();
+      if (clock_.pauses() != pauses_seen_) {
+        pauses_seen_ = clock_.pauses();
+        std::fprintf(stderr,
+                     "traincoord: the coordinator did not run for a while (stopped or stalled); "
+                     "%.3f s in all not counted against leases\n",
+                     static_cast<double>(clock_.skipped_ms()) / 1000.0);
+      }
       if (now - last_tick_ >= kTickMs) {
         last_tick_ = now;
         const TimeMs t = clock_.hold();
@@ -581,6 +588,7 @@ class HttpServer::Impl {
 
   static constexpr TimeMs kTickMs = 50;  // lease expiries and long-poll deadlines, this often
   TimeMs last_tick_ = 0;                 // engine only
+  uint64_t pauses_seen_ = 0;             // engine only: clock_.pauses() when last reported
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;

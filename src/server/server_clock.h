@@ -1,6 +1,9 @@
 // The server's clock: replays recorded times while a restart replays the log, then runs on
 // from the last of them, so that time never goes back across restarts and a lease that was out
-// keeps the time it had left, counted from the restart.
+// keeps the time it had left, counted from the restart. Live, it counts only the time the
+// process ran (core/clock.h, RunningTime): after the process was stopped or stalled, a lease
+// likewise keeps the time it had left, and its worker can heartbeat before it expires. Read by
+// one thread (the engine's).
 #pragma once
 
 #include <chrono>
@@ -13,10 +16,16 @@ class ServerClock final : public Clock {
  public:
   TimeMs now() const override {
     if (replaying_ || held_) return replay_time_;
-    return base_ + std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::steady_clock::now() - start_)
-                       .count();
+    return running_.at(base_ + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - start_)
+                                   .count());
   }
+  // The engine reads the clock at least every tick (50 ms) while it runs: a longer gap between
+  // two readings means the process did not run, and counts as this much only.
+  static constexpr TimeMs kMaxStepMs = 250;
+  // Time skipped so far because the process did not run, and how many such pauses.
+  TimeMs skipped_ms() const { return running_.skipped(); }
+  uint64_t pauses() const { return running_.pauses(); }
   // Holds the time still while one request is handled, so that everything it does happens at
   // one instant, the instant its log record carries; returns that instant.
   TimeMs hold() {
@@ -37,6 +46,7 @@ class ServerClock final : public Clock {
     replaying_ = false;
     base_ = base;
     start_ = std::chrono::steady_clock::now();
+    running_ = RunningTime(kMaxStepMs);
   }
 
  private:
@@ -45,6 +55,7 @@ class ServerClock final : public Clock {
   TimeMs replay_time_ = 0;
   TimeMs base_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  mutable RunningTime running_{kMaxStepMs};
 };
 
 }  // namespace traincoord

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -94,7 +95,11 @@ Result<SimulationResult> simulate(const RunConfig& config, const SimulationOptio
     holding.erase(holding.begin() + static_cast<std::ptrdiff_t>(pick));
     Completion c;
     c.loss = options.losses.loss(h.job.set, h.job.epoch);
-    c.samples = h.job.positions.count * std::max<uint64_t>(1, config.batch_size);
+    // Up to 2^36 batches of up to 2^50 samples: saturate rather than wrap.
+    if (__builtin_mul_overflow(h.job.positions.count, std::max<uint64_t>(1, config.batch_size),
+                               &c.samples)) {
+      c.samples = std::numeric_limits<uint64_t>::max();
+    }
     auto next = run.next_job(h.worker, h.job.lease, c);
     TC_ASSERT(next.has_value() && next->completed.counted());
     take(h.worker, next->next);
@@ -140,7 +145,7 @@ std::string batch_list(const std::vector<uint64_t>& batches) {
 std::string validated_epochs(const SimulationResult& r) {
   std::string s;
   int shown = 0;
-  for (int64_t e = r.plan.start_epoch; e < r.plan.target_epoch; ++e) {
+  for (int64_t e = r.plan.start_epoch; e < r.plan.end_epoch; ++e) {
     if (!dev_epoch_plan(r.plan, r.config, e)) continue;
     if (shown++ == 12) return s + ", ...";
     s += (s.empty() ? "" : ", ") + std::to_string(e);

@@ -4,6 +4,8 @@
 
 #include <rapidjson/document.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -41,6 +43,20 @@ TEST(Simulate, RunsThePlanToTheEndAndStopsEarlyOnARisingDevLoss) {
   EXPECT_DOUBLE_EQ(r->epochs[0].loss, 3.0);
   EXPECT_DOUBLE_EQ(r->epochs[1].loss, 1.0);
   EXPECT_DOUBLE_EQ(r->epochs[2].loss, 2.0);
+}
+
+// Issue 16, item 11: a job's samples (batches x batch_size) wrapped around past 2^64.
+TEST(Simulate, AJobsSampleCountSaturatesInsteadOfWrapping) {
+  RunConfig c;
+  c.name = "wide";
+  c.train_batches = 1 << 14;
+  c.iters_per_worker = 1 << 14;      // one job of 2^14 batches ...
+  c.batch_size = uint64_t{1} << 50;  // ... of 2^50 samples each: 2^64 samples
+  c.validation_every = 0;
+  auto r = simulate(c, SimulationOptions{});
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->epochs.size(), 1u);
+  EXPECT_EQ(r->epochs[0].samples, std::numeric_limits<uint64_t>::max());
 }
 
 TEST(Simulate, EveryBatchOfEveryEpochIsHandedOutOnceWhateverTheOrder) {

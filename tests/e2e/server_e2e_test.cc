@@ -399,6 +399,75 @@ TEST_F(ServerE2E, AParkedAcquireIsAnsweredWaitWhenItsWaitRunsOut) {
   EXPECT_GT(d["retry_after_ms"].GetInt64(), 0);
 }
 
+// Issue 16, item 12: a coordinator stopped (SIGSTOP, a stalled VM) for longer than the lease
+// timeout expired every healthy worker's lease when it ran again, and charged each a failed
+// attempt. The time it did not run is not counted against the leases: the heartbeats the
+// workers sent meanwhile (waiting in the socket) reach it in time.
+TEST(Pause, WorkersLeasesSurviveACoordinatorStoppedLongerThanTheLeaseTimeout) {
+  TempDir dir;
+  const std::string config = dir.write("pause.toml", R"(
+name = "pause"
+[data]
+train_batches = 4
+[schedule]
+epochs = 1
+[leases]
+timeout = 2.0
+)");
+  auto server = ServerProcess::start({"--config", config, "--data-dir", dir.path() + "/data"});
+  ASSERT_NE(server, nullptr);
+  const std::string url = server->url();
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = client::post(url, "/v1/runs/pause/" + path, body, std::chrono::seconds(60));
+    EXPECT_TRUE(r) << path << ": " << r.error().message;
+    return parse(r ? *r : "{}");
+  };
+  const int workers[] = {0, 1};
+  std::vector<uint64_t> leases;
+  for (int w : workers) {
+    post("workers", R"({"name": "w)" + std::to_string(w) + R"("})");
+    leases.push_back(
+        post("acquire", R"({"worker": )" + std::to_string(w) + "}")["job"]["lease"].GetUint64());
+  }
+  auto heartbeat = [&](int w) {
+    return R"({"worker": )" + std::to_string(w) + R"(, "leases": [)" +
+           std::to_string(leases[static_cast<size_t>(w)]) + "]}";
+  };
+  for (int w : workers) post("heartbeat", heartbeat(w));
+
+  server->signal(SIGSTOP);
+  // Stopped for 2.5 lease timeouts: on the raw clock every lease would have run out.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5000));
+  // The workers heartbeat on schedule; their requests wait in the socket until it runs again.
+  std::vector<std::string> replies(2);
+  std::vector<std::thread> heartbeats;
+  for (int w : workers) {
+    heartbeats.emplace_back([&, w] {
+      auto r =
+          client::post(url, "/v1/runs/pause/heartbeat", heartbeat(w), std::chrono::seconds(60));
+      replies[static_cast<size_t>(w)] = r ? *r : r.error().message;
+    });
+  }
+  server->signal(SIGCONT);
+  for (std::thread& t : heartbeats) t.join();
+
+  for (int w : workers) {
+    const size_t i = static_cast<size_t>(w);
+    auto d = parse(replies[i]);
+    ASSERT_TRUE(d.IsObject() && d.HasMember("leases")) << replies[i];
+    ASSERT_EQ(d["leases"].Size(), 1u) << "worker " << w << " lost its lease: " << replies[i];
+    EXPECT_EQ(d["leases"][0].GetUint64(), leases[i]);
+    auto done = post("complete", R"({"worker": )" + std::to_string(w) +
+                                     R"(, "loss": 1, "lease": )" + std::to_string(leases[i]) + "}");
+    EXPECT_STREQ(done["outcome"].GetString(), "accepted") << w;
+  }
+  auto body = client::get(url, "/v1/runs/pause");
+  ASSERT_TRUE(body) << body.error().message;
+  auto s = parse(*body);
+  EXPECT_EQ(s["counters"]["lease_expiries"].GetUint64(), 0u) << *body;
+  EXPECT_EQ(s["counters"]["rehandouts"].GetUint64(), 0u) << *body;
+}
+
 // A worker holds a job when the coordinator is killed; while it is down the client retries;
 // the restarted coordinator resumes from its data dir and accepts the completion.
 TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestartAndItsCompletionCounts) {

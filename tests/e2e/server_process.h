@@ -71,6 +71,11 @@ class ServerProcess {
     fd_ = -1;
   }
 
+  // Sends `sig` (SIGSTOP, SIGCONT, ...) and leaves the process be.
+  void signal(int sig) const {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+
   uint16_t port() const { return port_; }
   // https:// when the server said it serves TLS.
   std::string url() const {
