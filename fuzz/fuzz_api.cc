@@ -1,11 +1,16 @@
 // libFuzzer target: every JSON request body of the API, against a live run. The first byte
-// picks the endpoint; the rest is the body. Nothing may crash, hang or break an invariant.
+// picks the endpoint; the rest is the body. Nothing may crash, hang or break an invariant; every
+// reply (and /metrics) is valid UTF-8, and every worker name the API accepted is valid user
+// text (user_text.h), whatever the body held.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "config/config_file.h"
 #include "core/engine.h"
+#include "core/user_text.h"
+#include "core/utf8.h"
 #include "server/api.h"
 
 using namespace traincoord;
@@ -36,8 +41,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t pick = data[0] % (sizeof kTargets / sizeof kTargets[0]);
   const std::string method = (data[0] & 0x80) ? "GET" : "POST";
   clock.advance(data[0] & 0x0f);
-  (void)api->handle(
+  auto reply = api->handle(
       {method, kTargets[pick], std::string(reinterpret_cast<const char*>(data + 1), size - 1), ""});
-  if ((data[0] & 0x70) == 0x70) (void)api->metrics_text();
+  if (auto* r = std::get_if<HttpReply>(&reply); r && !utf8::valid(r->body)) std::abort();
+  if (pick == 5) {  // a registration: what it stored is a valid name
+    for (const Run* run : engine->runs()) {
+      for (const WorkerInfo& w : run->workers()) {
+        if (!validate_text("name", w.name, 128)) std::abort();
+      }
+    }
+  }
+  if ((data[0] & 0x70) == 0x70 && !utf8::valid(api->metrics_text())) std::abort();
   return 0;
 }

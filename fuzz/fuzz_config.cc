@@ -3,8 +3,12 @@
 // plan and run without breaking an invariant (a broken one aborts, and libFuzzer reports the
 // input), so each one is planned and run for a few steps of a small simulation: two workers
 // take jobs, complete them, let leases expire, fail one, and the run is saved and restored.
+// What either parser accepts has a run name that is a safe path segment and a monitor that is
+// valid text.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "config/config_file.h"
@@ -12,12 +16,20 @@
 #include "core/plan.h"
 #include "core/run.h"
 #include "core/run_codec.h"
+#include "core/user_text.h"
 
 namespace {
 
 using namespace traincoord;
 
+void check_text(const RunConfig& config) {
+  if (!validate_run_name(config.name)) std::abort();
+  const std::string& monitor = config.early_stop.patience.monitor;
+  if (!monitor.empty() && !validate_text("monitor", monitor, 64)) std::abort();
+}
+
 void run_a_few_steps(const RunConfig& config, uint8_t choices) {
+  check_text(config);
   ManualClock clock;
   Run run(config, clock);
   (void)run.planned_jobs();

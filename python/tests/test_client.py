@@ -160,8 +160,9 @@ def test_tokens_are_required_and_checked(tmp_path, run_config):
     s = Server(["--config", str(run_config), "--in-memory", "--auth", "--token-dir", str(tokens)])
     try:
         admin = (tokens / "admin.token").read_text().strip()
-        worker = (tokens / "py.token").read_text().strip()
-        assert oct(os.stat(tokens / "py.token").st_mode & 0o777) == "0o600"
+        worker = (tokens / "runs" / "py.token").read_text().strip()
+        assert oct(os.stat(tokens / "runs" / "py.token").st_mode & 0o777) == "0o600"
+        assert oct(os.stat(tokens / "runs").st_mode & 0o777) == "0o700"
         assert len(worker) == 64 and worker != admin
 
         def status_of(path, token=None, body=None):
@@ -190,7 +191,10 @@ def test_tokens_are_required_and_checked(tmp_path, run_config):
         # Created through the API (admin), a run gets its worker token at once.
         body = json.dumps({"name": "more", "data": {"train_batches": 2}}).encode()
         assert status_of("/v1/runs", admin, body) == 201
-        assert (tokens / "more.token").exists()
+        assert (tokens / "runs" / "more.token").exists()
+        # The scheme is case-insensitive (RFC 7235).
+        req = urllib.request.Request(s.url + "/metrics", headers={"Authorization": f"bearer {admin}"})
+        assert urllib.request.urlopen(req, timeout=10).status == 200
     finally:
         s.kill()
 

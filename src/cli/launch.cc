@@ -140,6 +140,9 @@ int launch(const LaunchArgs& args) {
     auth = std::move(*opened);
     if (auto t = auth->worker_token(run_name); !t) return fail(t.error().message);
     token_file = auth->worker_token_path(run_name);
+    for (const std::string& notice : auth->take_notices()) {
+      std::cerr << "traincoord launch: " << notice << "\n";
+    }
     options.auth = &*auth;
   }
   HttpServer server(engine, clock, store.get(), options);

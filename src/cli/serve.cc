@@ -205,7 +205,10 @@ int serve(const ServeArgs& args) {
     }
     options.auth = &*auth;
     std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
-              << ", each run's worker token in " << dir << "/RUN.token (mode 0600)\n";
+              << ", each run's worker token in " << dir << "/runs/RUN.token (mode 0600)\n";
+    for (const std::string& notice : auth->take_notices()) {
+      std::cout << "traincoord: " << notice << "\n";
+    }
   }
 
   // Said before start(): from then on only the server's engine thread touches the engine.

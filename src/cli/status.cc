@@ -11,11 +11,18 @@
 #include <rapidjson/document.h>
 
 #include "cli/commands.h"
+#include "cli/terminal_text.h"
 #include "traincoord/client.h"
 
 namespace traincoord::cli {
 
 namespace {
+
+// A string of the coordinator's reply, as it may be printed (terminal_text.h).
+std::string text(const rapidjson::Value& v) {
+  if (!v.IsString()) return "-";
+  return terminal_safe(std::string_view(v.GetString(), v.GetStringLength()));
+}
 
 std::string num(const rapidjson::Value& v, const char* fmt = "%.4f") {
   if (!v.IsNumber()) return "-";
@@ -41,8 +48,8 @@ std::string bar(uint64_t done, uint64_t total, int width = 30) {
 void render_run(const rapidjson::Document& r, std::ostream& out) {
   const auto& plan = r["plan"];
   const auto& progress = r["progress"];
-  out << "run " << r["run"].GetString() << ": " << r["state"].GetString();
-  if (r["reason"].GetStringLength() > 0) out << " (" << r["reason"].GetString() << ")";
+  out << "run " << text(r["run"]) << ": " << text(r["state"]);
+  if (r["reason"].GetStringLength() > 0) out << " (" << text(r["reason"]) << ")";
   out << "\n";
   out << "epochs " << plan["start_epoch"].GetInt64() << " .. " << plan["target_epoch"].GetInt64()
       << ", " << plan["train_jobs_per_epoch"].GetUint64() << " train jobs and "
@@ -53,7 +60,7 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   if (current.IsObject()) {
     const uint64_t done = current["done"].GetUint64() + current["failed"].GetUint64();
     const uint64_t jobs = current["jobs"].GetUint64();
-    out << current["set"].GetString() << " epoch " << current["epoch"].GetInt64() << "  "
+    out << text(current["set"]) << " epoch " << current["epoch"].GetInt64() << "  "
         << bar(done, jobs) << " " << done << "/" << jobs << " jobs, "
         << current["running"].GetUint64() << " running\n";
   }
@@ -77,12 +84,12 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   }
 
   const auto& es = r["early_stop"];
-  out << "\nearly stop: " << es["rule"].GetString();
+  out << "\nearly stop: " << text(es["rule"]);
   if (es["best_epoch"].IsInt64()) {
-    out << ", best epoch " << es["best_epoch"].GetInt64() << " (" << es["monitor"].GetString()
-        << " " << num(es["best_value"]) << ")";
+    out << ", best epoch " << es["best_epoch"].GetInt64() << " (" << text(es["monitor"]) << " "
+        << num(es["best_value"]) << ")";
   }
-  if (es["stopped"].GetBool()) out << ", stopped: " << es["reason"].GetString();
+  if (es["stopped"].GetBool()) out << ", stopped: " << text(es["reason"]);
   out << "\n\n";
 
   uint64_t active = 0;
@@ -91,7 +98,7 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   out << "  name                      jobs  leases  last seen\n";
   for (const auto& w : r["workers"].GetArray()) {
     char line[160];
-    std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %.1f s ago%s\n", w["name"].GetString(),
+    std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %.1f s ago%s\n", text(w["name"]).c_str(),
                   static_cast<unsigned long long>(w["jobs_done"].GetUint64()), w["leases"].Size(),
                   w["last_seen_ago_ms"].GetDouble() / 1000.0,
                   w["active"].GetBool() ? "" : " (left)");
@@ -102,7 +109,7 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
     out << "\nrecent events:\n";
     const rapidjson::SizeType from = events.Size() > 5 ? events.Size() - 5 : 0;
     for (rapidjson::SizeType i = from; i < events.Size(); ++i) {
-      out << "  " << events[i]["kind"].GetString() << ": " << events[i]["text"].GetString() << "\n";
+      out << "  " << text(events[i]["kind"]) << ": " << text(events[i]["text"]) << "\n";
     }
   }
 }
@@ -118,7 +125,7 @@ void print_run_status(const std::string& status_json, std::ostream& out) {
 namespace {
 
 int report(const client::ClientError& e, const std::string& url) {
-  std::cerr << "traincoord: " << url << ": " << e.message << "\n";
+  std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";
   return e.http_status == 404 ? 3 : 1;
 }
 
@@ -141,7 +148,7 @@ int runs(const StatusArgs& args) {
                                   : "-";
     const std::string jobs = std::to_string(r["jobs_done"].GetUint64()) + "/" +
                              std::to_string(r["jobs_planned"].GetUint64());
-    std::printf("%-24s %-14s %7s %14s %8llu\n", r["run"].GetString(), r["state"].GetString(),
+    std::printf("%-24s %-14s %7s %14s %8llu\n", text(r["run"]).c_str(), text(r["state"]).c_str(),
                 epoch.c_str(), jobs.c_str(),
                 static_cast<unsigned long long>(r["workers_active"].GetUint64()));
   }

@@ -122,6 +122,12 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[leases]\ntimeout = 0\n",
                 "leases.timeout", "between"},
         Refusal{"name = \"has space\"\n[data]\ntrain_batches = 3\n", "name", "letters"},
+        Refusal{"name = \"..\"\n[data]\ntrain_batches = 3\n", "name", "must not start with '.'"},
+        Refusal{"name = \".env\"\n[data]\ntrain_batches = 3\n", "name", "must not start"},
+        Refusal{"name = \"caf\\u00e9\"\n[data]\ntrain_batches = 3\n", "name", "ASCII"},
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\ndev_batches = 1\n[early_stop]\nrule = "
+                "\"patience\"\nmonitor = \"acc\\u001b[2J\"\n",
+                "early_stop.monitor", "U+001B"},
         Refusal{"name = \"x\"\n[data\ntrain_batches = 3\n", "", "bad.toml:2"},
         Refusal{"name = \"x\"\nepochs = 3\n[data]\ntrain_batches = 3\n", "epochs", "unknown key"}));
 

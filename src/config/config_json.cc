@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "config/config_file.h"
+#include "json/duplicate_keys.h"
 
 namespace traincoord {
 
@@ -63,6 +64,11 @@ Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view 
                                     rapidjson::GetParseError_En(doc.GetParseError()));
   }
   if (!doc.IsObject()) return invalid_argument("", std::string(source) + ": expected an object");
+  // (read into a TOML table, the first of two equal keys would win)
+  if (auto key = find_duplicate_key(doc)) {
+    return invalid_argument(
+        *key, std::string(source) + ": the key " + *key + " is there twice; give each key once");
+  }
   toml::table root;
   if (auto r = convert(doc, "", 0, &root); !r) return tl::unexpected(r.error());
   return parse_run_config_table(root, source);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/plan.h"
+#include "core/user_text.h"
 
 namespace traincoord {
 
@@ -18,14 +19,22 @@ Result<void> require(bool ok, const char* field, std::string message) {
 
 }  // namespace
 
-Result<void> validate(const RunConfig& c) {
-  if (auto r = require(!c.name.empty(), "name", "a run needs a name"); !r) return r;
-  if (auto r = require(c.name.size() <= 128, "name", "at most 128 characters"); !r) return r;
-  for (char ch : c.name) {
-    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '-' || ch == '_' || ch == '.';
-    if (!ok) return invalid_argument("name", "name: use letters, digits, '-', '_' and '.' only");
+Result<void> validate_run_name(std::string_view name, const char* field) {
+  if (auto r = require(!name.empty(), field, "a run needs a name"); !r) return r;
+  if (auto r = require(name.size() <= 128, field, "at most 128 characters"); !r) return r;
+  for (char ch : name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.';
+    if (!ok) {
+      return invalid_argument(
+          field, std::string(field) + ": use ASCII letters, digits, '-', '_' and '.' only");
+    }
   }
+  return require(name.front() != '.', field, "must not start with '.'");
+}
+
+Result<void> validate(const RunConfig& c) {
+  if (auto r = validate_run_name(c.name); !r) return r;
   if (auto r = require(c.train_batches >= 1, "data.train_batches",
                        "the training set must hold at least one batch");
       !r)
@@ -101,6 +110,10 @@ Result<void> validate(const RunConfig& c) {
                          "early_stop.std_threshold", "must be a finite number >= 0");
         !r)
       return r;
+  }
+  // Shown back (status, /metrics): text, whatever the rule.
+  if (!es.patience.monitor.empty()) {
+    if (auto r = validate_text("early_stop.monitor", es.patience.monitor, 64); !r) return r;
   }
   if (es.kind == EarlyStopKind::kPatience) {
     const PatienceRuleConfig& p = es.patience;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -78,5 +79,11 @@ struct RunConfig {
 
 // Returns the first problem with `config`, naming its field, or nothing when it is valid.
 Result<void> validate(const RunConfig& config);
+
+// A run's name: 1 to 128 of the ASCII letters, digits, '-', '_' and '.', not starting with '.'.
+// The name is a path segment (/v1/runs/NAME) and part of a file name (its token file), so
+// '.', '..', '/', and look-alikes that differ only by Unicode normalisation cannot be one.
+// Returns an invalid_argument error naming `field` otherwise.
+Result<void> validate_run_name(std::string_view name, const char* field = "name");
 
 }  // namespace traincoord

@@ -9,6 +9,8 @@
 #include <rapidjson/allocators.h>
 #include <rapidjson/writer.h>
 
+#include "core/utf8.h"
+
 namespace traincoord {
 
 class JsonWriter {
@@ -17,11 +19,24 @@ class JsonWriter {
   JsonWriter(const JsonWriter&) = delete;
   JsonWriter& operator=(const JsonWriter&) = delete;
 
+  // Keys and strings are written as valid UTF-8 whatever they hold: a byte that does not start
+  // a valid character is written as U+FFFD (text stored before names were checked, or echoed
+  // from a request in an error). Control characters are escaped (\u001b).
   JsonWriter& key(std::string_view k) {
+    if (!utf8::valid(k)) {
+      const std::string fixed = utf8::repaired(k);
+      writer_.Key(fixed.data(), static_cast<rapidjson::SizeType>(fixed.size()));
+      return *this;
+    }
     writer_.Key(k.data(), static_cast<rapidjson::SizeType>(k.size()));
     return *this;
   }
   JsonWriter& value(std::string_view s) {
+    if (!utf8::valid(s)) {
+      const std::string fixed = utf8::repaired(s);
+      writer_.String(fixed.data(), static_cast<rapidjson::SizeType>(fixed.size()));
+      return *this;
+    }
     writer_.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
     return *this;
   }

@@ -10,6 +10,8 @@
 #include <boost/container/small_vector.hpp>
 
 #include "config/config_file.h"
+#include "core/user_text.h"
+#include "json/duplicate_keys.h"
 #include "json/json_writer.h"
 #include "server/metrics.h"
 
@@ -51,6 +53,9 @@ Result<void> parse_body(const std::string& text, BodyDocument& doc) {
                                     " at offset " + std::to_string(doc.GetErrorOffset()));
   }
   if (!doc.IsObject()) return invalid_argument("", "the body must be a JSON object");
+  if (auto key = find_duplicate_key(doc)) {
+    return invalid_argument(*key, "the body has the key " + *key + " twice; send each key once");
+  }
   return {};
 }
 
@@ -92,19 +97,19 @@ class Fields {
     return v->GetDouble();
   }
 
+  // A string, checked as user text of `kind` (user_text.h): every string a client sends is,
+  // since it may be stored and shown back.
   Result<std::string> string(const char* key, std::optional<std::string> fallback = std::nullopt,
-                             size_t max_length = 256) {
+                             size_t max_bytes = 256, TextKind kind = TextKind::kName) {
     const rapidjson::Value* v = get(key);
     if (!v) {
       if (fallback) return *fallback;
       return invalid_argument(key, std::string(key) + " is required");
     }
     if (!v->IsString()) return invalid_argument(key, std::string(key) + " must be a string");
-    if (v->GetStringLength() > max_length) {
-      return invalid_argument(
-          key, std::string(key) + " is longer than " + std::to_string(max_length) + " characters");
-    }
-    return std::string(v->GetString(), v->GetStringLength());
+    const std::string_view text(v->GetString(), v->GetStringLength());
+    if (auto r = validate_text(key, text, max_bytes, kind); !r) return tl::unexpected(r.error());
+    return std::string(text);
   }
 
   Result<bool> boolean(const char* key, bool fallback) {
@@ -159,8 +164,8 @@ Result<Completion> read_completion(Fields& body) {
     }
     for (auto it = m->MemberBegin(); it != m->MemberEnd(); ++it) {
       const std::string name(it->name.GetString(), it->name.GetStringLength());
-      if (name.empty() || name.size() > 64) {
-        return invalid_argument("metrics", "metric names have 1 to 64 characters");
+      if (auto r = validate_text("metric name", name, 64); !r) {
+        return invalid_argument("metrics", r.error().message);
       }
       if (!it->value.IsNumber() && !it->value.IsNull()) {
         return invalid_argument("metrics." + name, "metric " + name + " must be a number");
@@ -954,7 +959,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   Fields body(doc);
 
   if (action == "cancel") {
-    TC_TRY_ASSIGN(reason, body.string("reason", std::string("cancelled through the API")));
+    TC_TRY_ASSIGN(reason, body.string("reason", std::string("cancelled through the API"), 256,
+                                      TextKind::kMessage));
     TC_TRY_REPLY(body.no_unknown_fields());
     run.cancel(reason);
     JsonWriter j;
@@ -964,7 +970,6 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   if (action == "workers") {
     TC_TRY_ASSIGN(name, body.string("name", std::nullopt, 128));
     TC_TRY_REPLY(body.no_unknown_fields());
-    if (name.empty()) return error_reply(400, "invalid_argument", "name must not be empty", "name");
     if (!run.has_worker(name) && run.workers().size() >= limits_.max_workers_per_run) {
       return error_reply(409, "limit",
                          "run " + run.config().name + " has " +
@@ -1057,7 +1062,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   }
   if (action == "fail") {
     TC_TRY_ASSIGN(lease, body.uint("lease"));
-    TC_TRY_ASSIGN(reason, body.string("reason", std::string("no reason given"), 1024));
+    TC_TRY_ASSIGN(reason,
+                  body.string("reason", std::string("no reason given"), 1024, TextKind::kMessage));
     TC_TRY_REPLY(body.no_unknown_fields());
     TC_TRY_REPLY(run.fail(worker, lease, reason));
     JsonWriter j;

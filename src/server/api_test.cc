@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "core/utf8.h"
+
 namespace traincoord {
 namespace {
 
@@ -324,6 +326,77 @@ TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
   EXPECT_STREQ(s["early_stop"]["rule"].GetString(), "none");
   EXPECT_GT(s["events"].Size(), 0u);
   EXPECT_EQ(s["progress"]["jobs_planned"].GetUint64(), 6u);
+}
+
+// Every string a client sends that is stored and shown back is checked where it enters.
+TEST_F(ApiTest, NamesAndReasonsMustBePrintableUtf8AndAreRefusedNamingTheField) {
+  auto refused = [&](const std::string& target, const std::string& body, const char* field) {
+    auto d = json("POST", target, body, 400);
+    EXPECT_STREQ(d["error"]["code"].GetString(), "invalid_argument") << body;
+    EXPECT_STREQ(d["error"]["field"].GetString(), field) << body;
+  };
+  for (const char* name : {"\"w\xff\"", "\"\\u001b[2J\"", "\"a\\nb\"", "\"\"", "\"w\xc2\x9b\"",
+                           "\"w\\u202e\"", "\"\\udc00\""}) {
+    refused("/v1/runs/r/workers", std::string(R"({"name": )") + name + "}", "name");
+  }
+  refused("/v1/runs/r/workers", R"({"name": ")" + std::string(129, 'a') + R"("})", "name");
+  json("POST", "/v1/runs/r/workers", R"({"name": "gpu-\u00e9quipe-\u65e5"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  refused("/v1/runs/r/complete",
+          "{\"worker\": 0, \"lease\": 1, \"loss\": 1, \"metrics\": {\"acc\xff\": 1}}", "metrics");
+  refused("/v1/runs/r/complete",
+          R"({"worker": 0, "lease": 1, "loss": 1, "metrics": {"\u001b]0;x": 1}})", "metrics");
+  refused("/v1/runs/r/fail", R"({"worker": 0, "lease": 1, "reason": "\u001b[31mOOM"})", "reason");
+  refused("/v1/runs/r/cancel", "{\"reason\": \"bye\xc3\"}", "reason");
+  // A reason is a message: a traceback's lines and tabs are kept.
+  json("POST", "/v1/runs/r/fail", R"({"worker": 0, "lease": 1, "reason": "Traceback:\n\tOOM"})");
+  // Nothing refused was stored: every reply, and /metrics, is valid UTF-8.
+  const HttpReply status = reply("GET", "/v1/runs/r");
+  EXPECT_TRUE(utf8::valid(status.body));
+  EXPECT_EQ(status.body.find('\x1b'), std::string::npos);
+  EXPECT_TRUE(utf8::valid(api_.metrics_text()));
+  auto d = json("GET", "/v1/runs/r");
+  EXPECT_EQ(d["workers"].Size(), 1u);
+}
+
+TEST_F(ApiTest, ARunNameIsRefusedUnlessItIsASafePathSegment) {
+  for (const char* name : {".", "..", ".hidden", "caf\\u00e9", "a/b"}) {
+    auto d = json("POST", "/v1/runs",
+                  std::string(R"({"name": ")") + name + R"(", "data": {"train_batches": 2}})", 400);
+    EXPECT_STREQ(d["error"]["field"].GetString(), "name") << name;
+  }
+  json("POST", "/v1/runs", R"({"name": "admin", "data": {"train_batches": 2}})", 201);
+}
+
+TEST_F(ApiTest, DuplicateKeysAreRefusedNamingTheKey) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "w"})");
+  auto d = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "worker": 0})", 400);
+  EXPECT_STREQ(d["error"]["field"].GetString(), "worker");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  // Two values for one metric must not both be averaged in.
+  d = json("POST", "/v1/runs/r/complete",
+           R"({"worker": 0, "lease": 1, "loss": 1, "samples": 1,
+               "metrics": {"acc": 0.9, "acc": 0.1}})",
+           400);
+  EXPECT_STREQ(d["error"]["field"].GetString(), "metrics.acc");
+  d = json("POST", "/v1/runs/r/complete",
+           R"({"worker": 0, "completions": [{"lease": 1, "loss": 1, "loss": 2}]})", 400);
+  EXPECT_STREQ(d["error"]["field"].GetString(), "completions[0].loss");
+  EXPECT_EQ(json("GET", "/v1/runs/r")["progress"]["jobs_done"].GetUint64(), 0u);
+  d = json("POST", "/v1/runs", R"({"name": "x", "name": "y", "data": {"train_batches": 2}})", 400);
+  EXPECT_STREQ(d["error"]["field"].GetString(), "name");
+  d = json("POST", "/v1/runs", R"({"name": "x", "data": {"train_batches": 2, "train_batches": 9}})",
+           400);
+  EXPECT_STREQ(d["error"]["field"].GetString(), "data.train_batches");
+}
+
+TEST_F(ApiTest, RepliesAreValidUtf8EvenWhenTheRequestEchoedIsNot) {
+  const HttpReply r = reply("GET", "/v1/runs/r\xff\xfe");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_TRUE(utf8::valid(r.body)) << r.body;
+  const HttpReply unknown = reply("POST", "/v1/runs/r/workers", "{\"name\": \"w\", \"x\xff\": 1}");
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_TRUE(utf8::valid(unknown.body)) << unknown.body;
 }
 
 }  // namespace

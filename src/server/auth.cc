@@ -4,8 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+
+#include "core/run_config.h"
 
 namespace traincoord {
 
@@ -26,12 +30,59 @@ Result<std::string> random_token() {
   return hex;
 }
 
-// Reads the token at `path`, or makes one and writes it there with mode 0600.
+std::string mode_text(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+// Makes `dir` (0700) if it is missing. Refuses one that is not the user's or root's, or that
+// others may write to: they could put a token file of their own in it.
+Result<void> secure_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return failed_precondition("cannot create token dir " + dir + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return failed_precondition("token dir " + dir + " is not a directory");
+  }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return failed_precondition("token dir " + dir +
+                               " belongs to another user, who could put tokens of their own "
+                               "there; use a directory of your own (--token-dir)");
+  }
+  if ((st.st_mode & 022) != 0) {
+    return failed_precondition("token dir " + dir + " (mode " + mode_text(st.st_mode) +
+                               ") may be written by other users, who could put tokens of their "
+                               "own there: chmod 700 " +
+                               dir);
+  }
+  return {};
+}
+
+// Reads the token at `path` (refusing a file others could have written or may read), or makes
+// one and writes it there with mode 0600.
 Result<std::string> load_or_make(const std::string& path) {
-  if (access(path.c_str(), F_OK) == 0) return read_token_file(path);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return failed_precondition("token file " + path + " is not a regular file");
+    }
+    if (st.st_uid != ::geteuid()) {
+      return failed_precondition("token file " + path +
+                                 " belongs to another user; remove it (a new token is made) "
+                                 "or chown it");
+    }
+    if ((st.st_mode & 077) != 0) {
+      return failed_precondition("token file " + path + " (mode " + mode_text(st.st_mode) +
+                                 ") may be read or written by other users: chmod 600 " + path +
+                                 " (and replace the token if they may have read it)");
+    }
+    return read_token_file(path);
+  }
   auto token = random_token();
   if (!token) return token;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
   if (fd < 0) return failed_precondition("cannot create token file " + path);
   const std::string line = *token + "\n";
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
@@ -40,13 +91,29 @@ Result<std::string> load_or_make(const std::string& path) {
   return token;
 }
 
-std::string_view bearer(std::string_view header) {
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (header.size() <= kPrefix.size() || header.substr(0, kPrefix.size()) != kPrefix) return {};
-  return header.substr(kPrefix.size());
+bool iequals_ascii(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
 }
 
 }  // namespace
+
+std::string_view bearer_token(std::string_view header) {
+  // credentials = auth-scheme [ 1*SP token68 ]; the scheme is case-insensitive (RFC 7235 2.1).
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size() ||
+      !iequals_ascii(header.substr(0, kScheme.size()), kScheme) || header[kScheme.size()] != ' ') {
+    return {};
+  }
+  std::string_view token = header.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
+  return token;
+}
 
 bool equal_in_constant_time(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -65,9 +132,14 @@ Result<std::string> read_token_file(const std::string& path) {
 }
 
 Result<Auth> Auth::open(const std::string& dir) {
-  ::mkdir(dir.c_str(), 0700);
   Auth auth;
   auth.dir_ = dir;
+  if (auto r = secure_dir(dir); !r) return tl::unexpected(r.error());
+  struct stat st {};
+  const bool had_admin = ::lstat(auth.admin_token_path().c_str(), &st) == 0;
+  const bool had_runs = ::lstat((dir + "/runs").c_str(), &st) == 0;
+  auth.old_layout_ = had_admin && !had_runs;
+  if (auto r = secure_dir(dir + "/runs"); !r) return tl::unexpected(r.error());
   auto admin = load_or_make(auth.admin_token_path());
   if (!admin) return tl::unexpected(admin.error());
   auth.admin_ = *admin;
@@ -77,7 +149,30 @@ Result<Auth> Auth::open(const std::string& dir) {
 Result<std::string> Auth::worker_token(const std::string& run) {
   auto it = workers_.find(run);
   if (it != workers_.end()) return it->second;
-  auto token = load_or_make(worker_token_path(run));
+  // The name becomes part of a path: only names that cannot leave runs/ (validate_run_name).
+  if (auto r = validate_run_name(run, "run"); !r) return tl::unexpected(r.error());
+  const std::string path = worker_token_path(run);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    const std::string old_path = dir_ + "/" + run + ".token";
+    if (run == "admin") {
+      // DIR/admin.token was this run's worker token as well as the admin token.
+      if (old_layout_) {
+        notices_.push_back(
+            "run admin gets a worker token of its own in " + path +
+            "; before, its workers were handed the admin token (" + admin_token_path() +
+            "): if they are not all trusted with it, delete that file and restart to replace it");
+      }
+    } else if (::lstat(old_path.c_str(), &st) == 0) {
+      if (::rename(old_path.c_str(), path.c_str()) != 0) {
+        return failed_precondition("cannot move token file " + old_path + " to " + path + ": " +
+                                   std::strerror(errno));
+      }
+      notices_.push_back("moved run " + run + "'s worker token file " + old_path + " to " + path +
+                         " (the token is unchanged; point TRAINCOORD_TOKEN_FILE there)");
+    }
+  }
+  auto token = load_or_make(path);
   if (!token) return token;
   workers_.emplace(run, *token);
   return token;
@@ -87,7 +182,7 @@ std::optional<HttpReply> Auth::check(std::string_view method, std::string_view t
                                      std::string_view authorization) {
   const std::string_view endpoint = Api::endpoint_of(method, target);
   if (endpoint == "healthz" || (endpoint == "dashboard" && method == "GET")) return std::nullopt;
-  const std::string_view token = bearer(authorization);
+  const std::string_view token = bearer_token(authorization);
   if (token.empty()) {
     return error_reply(401, "unauthorized",
                        "this coordinator needs a token: send 'Authorization: Bearer TOKEN' "

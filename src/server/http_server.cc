@@ -7,6 +7,7 @@
 
 #include "server/journal.h"
 #include "server/metrics.h"
+#include "server/request_framing.h"
 #include "server/web_assets.h"
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <boost/container/small_vector.hpp>
 
 namespace traincoord {
 
@@ -683,6 +685,7 @@ class HttpServer::Impl::Session : public Deadlined,
 
   void begin_request() {
     parser_.emplace();
+    framing_checked_ = false;
     parser_->eager(true);
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
@@ -717,6 +720,7 @@ class HttpServer::Impl::Session : public Deadlined,
       // (put() takes nothing from an empty buffer, without saying need_more)
       const size_t used = buffer_.size() > 0 ? parser_->put(buffer_.data(), ec) : 0;
       buffer_.consume(used);
+      if ((!ec || ec == http::error::need_more) && framing_due() && !framing_sound()) return;
       if (ec == http::error::need_more || (!ec && used == 0)) {
         read_more(false);
         return;
@@ -724,6 +728,29 @@ class HttpServer::Impl::Session : public Deadlined,
       if (ec) break;
     }
     on_read(ec);
+  }
+
+  // Whether the request's header is read and its framing not yet checked.
+  bool framing_due() const { return !framing_checked_ && parser_->is_header_done(); }
+
+  // Checks the framing of a request whose header is read (request_framing.h), once. When it is
+  // not sound, answers 400 and closes (returns false): the bytes after it are not a request.
+  bool framing_sound() {
+    framing_checked_ = true;
+    const auto& header = parser_->get();
+    boost::container::small_vector<std::string_view, 2> te, host;
+    for (const auto& [field, into] :
+         {std::pair{http::field::transfer_encoding, &te}, std::pair{http::field::host, &host}}) {
+      const auto [first, last] = header.equal_range(field);
+      for (auto it = first; it != last; ++it) {
+        into->emplace_back(it->value().data(), it->value().size());
+      }
+    }
+    auto why = framing_error({header.version(), std::span(te.data(), te.size()),
+                              std::span(host.data(), host.size())});
+    if (!why) return true;
+    fail(error_reply(400, "bad_request", "malformed HTTP request: " + *why));
+    return false;
   }
 
   void on_read(beast::error_code ec) {
@@ -747,11 +774,13 @@ class HttpServer::Impl::Session : public Deadlined,
       fail(error_reply(400, "bad_request", "malformed HTTP request: " + ec.message()));
       return;
     }
+    if (framing_due() && !framing_sound()) return;
     http::request<http::string_body> req = parser_->release();
     keep_alive_ = req.keep_alive() && ++requests_ < server_.options().max_requests_per_connection;
     const bool has_body = req.has_content_length() || req.chunked();
     if (req.method() == http::verb::post && !has_body) {
-      write(error_reply(411, "length_required", "a POST needs a Content-Length header"));
+      // Closed after: had the client sent a body anyway, its bytes would read as a request.
+      fail(error_reply(411, "length_required", "a POST needs a Content-Length header"));
       return;
     }
     Call call;
@@ -839,6 +868,7 @@ class HttpServer::Impl::Session : public Deadlined,
   std::string out_;  // the reply being written
   bool keep_alive_ = true;
   bool handshaken_ = false;
+  bool framing_checked_ = false;  // of the request being read
   uint64_t requests_ = 0;
 };
 

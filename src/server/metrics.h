@@ -8,10 +8,18 @@
 #include <string_view>
 #include <vector>
 
+#include "core/utf8.h"
+
 namespace traincoord {
 
-// Label values escaped as the exposition format wants (backslash, quote, newline).
+// Label values escaped as the exposition format wants (backslash, quote, newline), and valid
+// UTF-8 as it requires (a byte that does not start a valid character becomes U+FFFD).
 inline std::string prometheus_escape(std::string_view v) {
+  std::string repaired;
+  if (!utf8::valid(v)) {
+    repaired = utf8::repaired(v);
+    v = repaired;
+  }
   std::string out;
   for (char c : v) {
     if (c == '\\' || c == '"') {

@@ -1,6 +1,9 @@
 #include "store/store.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -198,7 +201,16 @@ tl::unexpected<Error> refuse(const std::string& path, const std::string& why) {
 
 Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
   std::error_code ec;
-  if (!options.read_only) std::filesystem::create_directories(options.dir, ec);
+  if (!options.read_only) {
+    // Made 0700: the data dir holds the runs' state and is the default token dir
+    // (docs/SECURITY.md). Its missing parents are made as usual; an existing dir is kept as is.
+    std::filesystem::path dir = std::filesystem::path(options.dir).lexically_normal();
+    if (!dir.has_filename()) dir = dir.parent_path();
+    if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);
+    if (!ec && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      ec = std::error_code(errno, std::generic_category());
+    }
+  }
   if (ec) return failed_precondition("cannot create data dir " + options.dir + ": " + ec.message());
   const std::string path = options.dir + "/" + kFileName;
   const bool existed = std::filesystem::exists(path);

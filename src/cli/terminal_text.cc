@@ -1,0 +1,33 @@
+#include "cli/terminal_text.h"
+
+#include <cstdio>
+
+#include "core/user_text.h"
+#include "core/utf8.h"
+
+namespace traincoord::cli {
+
+std::string terminal_safe(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[16];
+  size_t i = 0;
+  while (i < text.size()) {
+    const utf8::Decoded d = utf8::decode(text.substr(i));
+    if (!d.valid || (d.code_point < 0x80 && forbidden_in_text(d.code_point, TextKind::kName))) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(text[i]));
+      out += buf;
+    } else if (forbidden_in_text(d.code_point, TextKind::kName)) {
+      std::snprintf(buf, sizeof buf, "\\u{%04x}", static_cast<unsigned>(d.code_point));
+      out += buf;
+    } else if (d.code_point == '\\') {
+      out += "\\\\";
+    } else {
+      out.append(text.substr(i, d.length));
+    }
+    i += d.length;
+  }
+  return out;
+}
+
+}  // namespace traincoord::cli
