@@ -88,7 +88,7 @@ void write_history(const std::string& dir, uint64_t jobs) {
     const TimeMs t = clock.hold();
     auto r = api.handle({"POST", target, body, {}});
     clock.release();
-    store->add_record("bench", t, RecordKind::kRequest, target, body);
+    store->add_record("bench", t, RecordKind::kRequest, target, body, 200);
     return std::get<HttpReply>(r).body;
   };
   post("/v1/runs/bench/workers", R"({"name": "w"})");

@@ -22,7 +22,7 @@ int inspect(const InspectArgs& args) {
   }
   ServerClock clock;
   Engine engine(clock);
-  Api api(engine, clock);
+  Api api(engine, clock, ApiLimits::none());  // replays what was accepted
   auto report = restore_engine(**store, engine, api, clock);
   if (!report) {
     std::cerr << "traincoord: " << (*store)->path() << ": " << report.error().message << "\n";

@@ -109,7 +109,10 @@ int launch(const LaunchArgs& args) {
     auto opened = Store::open(so);
     if (!opened) return fail(opened.error().message);
     store = std::move(*opened);
-    Api replay(engine, clock);
+    for (const std::string& notice : store->take_notices()) {
+      std::cerr << "traincoord: " << notice << "\n";
+    }
+    Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
     auto report = restore_engine(*store, engine, replay, clock);
     if (!report) return fail(report.error().message);
   } else {

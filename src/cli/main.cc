@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
                   "log records of a run between snapshots (bounds restart time)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
       ->capture_default_str();
+  srv->add_option("--min-free-disk", serve_args.min_free_disk_mib,
+                  "MiB kept free on the data dir's disk: below it, no new work is taken (503) "
+                  "until there is room, and a start is refused")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30))
+      ->capture_default_str();
 
   StatusArgs status_args;
   CLI::App* st = app.add_subcommand("status", "Show a run: epoch progress, losses, workers");

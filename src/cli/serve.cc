@@ -157,10 +157,14 @@ int serve(const ServeArgs& args) {
                                     : "traincoord-data";
     so.durability = args.durability == "os" ? Durability::kOs : Durability::kFsync;
     so.snapshot_every = args.snapshot_every;
+    so.min_free_bytes = args.min_free_disk_mib << 20;
     auto opened = Store::open(so);
     if (!opened) return fail(opened.error().message);
     store = std::move(*opened);
-    Api replay(engine, clock);
+    for (const std::string& notice : store->take_notices()) {
+      std::cerr << "traincoord: " << notice << "\n";
+    }
+    Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
     auto report = restore_engine(*store, engine, replay, clock);
     if (!report) return fail(store->path() + ": " + report.error().message);
     std::cout << "traincoord: state in " << store->path() << " (durability "

@@ -265,6 +265,9 @@ class Run {
   uint64_t planned_jobs() const;
   // Recent events, oldest first, at most kEventsKept; seq grows by one per event.
   const std::deque<Event>& events() const { return events_; }
+  // How many events were ever emitted (they are numbered from 1): a call that moves it did
+  // something (a lease expired, an epoch opened, a worker joined, ...).
+  uint64_t event_seq() const { return event_seq_; }
   static constexpr size_t kEventsKept = 1024;
   // The latest counted completions, oldest first, at most kRecentKept (not saved in
   // snapshots: a restart starts the list afresh).

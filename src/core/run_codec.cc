@@ -106,7 +106,9 @@ std::optional<int64_t> load_optional(Reader& r) {
 
 }  // namespace
 
-std::string RunCodec::save(const Run& run) {
+std::string RunCodec::save(const Run& run) { return save(run, true); }
+
+std::string RunCodec::save(const Run& run, bool last_seen) {
   Writer w;
   w.u64(kMagic);
   w.u64(kFormat);
@@ -189,7 +191,7 @@ std::string RunCodec::save(const Run& run) {
   for (const WorkerInfo& wi : run.workers_) {
     w.str(wi.name);
     w.i64(wi.joined_at);
-    w.i64(wi.last_seen);
+    w.i64(last_seen ? wi.last_seen : 0);
     w.boolean(wi.active);
     w.u64(wi.jobs_done);
     w.u64(wi.leases.size());

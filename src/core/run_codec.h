@@ -17,6 +17,10 @@ class RunCodec {
  public:
   // The run's state (everything but its config and recent events) as bytes.
   static std::string save(const Run& run);
+  // The same, with every worker's "last seen" time as 0: the state the journal rebuilds
+  // exactly (it keeps what changed state, not every time a worker was seen; docs/DURABILITY.md).
+  static std::string save_journalled(const Run& run) { return save(run, false); }
+  static std::string save(const Run& run, bool last_seen);
 
   // A run with `config` (the one it was saved with) and the saved state. Fails with
   // kInvalidArgument when the bytes are truncated, corrupt, or of another format version.

@@ -679,7 +679,24 @@ Result<std::vector<Completed>> Api::complete_all(Run& run, WorkerId worker,
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
-  return route(request);
+  effect_ = Effect::kNone;
+  idle_acquire_ = false;
+  const std::string_view name = run_of(request.target);
+  if (request.method != "POST" || name.empty()) return route(request);
+  auto before = engine_.find(name);
+  const uint64_t events = before ? (*before)->event_seq() : 0;
+  auto result = route(request);
+  auto after = engine_.find(name);
+  if (!after) return result;  // (no run: nothing changed)
+  const bool evented = (*after)->event_seq() != events || !before;
+  const auto* reply = std::get_if<HttpReply>(&result);
+  const bool accepted = !reply || (reply->status >= 200 && reply->status < 300);
+  if (accepted && !(idle_acquire_ && !evented)) {
+    effect_ = Effect::kChanged;
+  } else if (evented) {
+    effect_ = accepted ? Effect::kChanged : Effect::kExpiredOnly;
+  }
+  return result;
 }
 
 std::string_view Api::endpoint_of(std::string_view method, std::string_view target) {
@@ -854,9 +871,19 @@ std::string_view Api::run_of(std::string_view target) {
 std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out) {
   auto run = engine_.find(parked.run);
   if (!run) return error_reply(run.error());
+  const uint64_t events = (*run)->event_seq();
+  const WorkerInfo* w =
+      parked.worker < (*run)->workers().size() ? &(*run)->workers()[parked.worker] : nullptr;
+  const bool same_request = w && parked.request == w->last_request && w->last_request_lease == 0;
   auto a = (*run)->acquire(parked.worker, parked.request,
                            static_cast<uint32_t>(std::max<uint64_t>(parked.max_jobs, 1)));
+  effect_ = Effect::kNone;
   if (!a) return error_reply(a.error());
+  // A retry that found nothing changed nothing, unless something happened on the way (a lease
+  // expired, an epoch opened) or its request id is new to the worker.
+  const bool idle =
+      a->status != AcquireStatus::kJob && (parked.request == 0 || same_request);
+  if (!idle || (*run)->event_seq() != events) effect_ = Effect::kChanged;
   const bool epoch_opened = (*run)->epochs().size() != parked.epochs_opened;
   if (a->status == AcquireStatus::kWait && !timed_out && !epoch_opened) return std::nullopt;
   return acquired_reply(**run, parked, *a, clock_.now());
@@ -1138,8 +1165,14 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
     acquiring.max_jobs = jobs;
     acquiring.epochs_opened = known == UINT64_MAX ? run.epochs().size() : known;
   }
+  const WorkerInfo& info = run.workers()[worker];
+  const bool same_request = acquiring.request == 0 || (acquiring.request == info.last_request &&
+                                                       info.last_request_lease == 0);
   TC_TRY_ASSIGN(a, run.acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
+  // A plain acquire that found nothing changed nothing but its worker's "last seen" (which
+  // the journal does not keep), unless an event says otherwise (see handle()).
+  idle_acquire_ = action != "complete" && a.status != AcquireStatus::kJob && same_request;
   if (a.status == AcquireStatus::kWait && acquiring.deadline > now) {
     if (action == "complete") acquiring.epochs_opened = run.epochs().size();
     if (acquiring.epochs_opened == run.epochs().size()) return acquiring;

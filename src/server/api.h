@@ -64,7 +64,16 @@ class ApiObserver {
 struct ApiLimits {
   size_t max_runs = 1000;
   size_t max_workers_per_run = 100'000;
+  // None: for replaying a journal, whose records were accepted under the limits of their day.
+  static ApiLimits none() { return {SIZE_MAX, SIZE_MAX}; }
 };
+
+// What a request (or a parked acquire's retry) did to the state of its run, which says what
+// the journal must keep of it (docs/DURABILITY.md): nothing, when it changed nothing (refused,
+// or an acquire that found nothing and did nothing else); the request itself, when it changed
+// something; only "leases expired at this time", when a refused request expired leases on its
+// way (every call first expires what is due) and did nothing else.
+enum class Effect { kNone, kChanged, kExpiredOnly };
 
 class Api {
  public:
@@ -83,6 +92,9 @@ class Api {
   // Asks again for a parked acquire. Returns the reply when there is one now (a job, the run
   // finished, or `timed_out`: then a "wait" with a retry hint); nullopt to keep waiting.
   std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out);
+
+  // What the last handle() or retry() did to its run's state (see Effect).
+  Effect effect() const { return effect_; }
 
   // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
   static std::string_view run_of(std::string_view target);
@@ -115,6 +127,10 @@ class Api {
   const Clock& clock_;
   ApiObserver* observer_ = nullptr;
   ApiLimits limits_;
+  Effect effect_ = Effect::kNone;
+  // Set by an acquire that found nothing and left its worker's request bookkeeping as it was:
+  // unless an event was emitted on the way, it changed nothing.
+  bool idle_acquire_ = false;
   struct ParseArena;
   std::unique_ptr<ParseArena> arena_;  // request bodies are parsed into it (api.cc)
 };

@@ -368,6 +368,8 @@ class HttpServer::Impl {
   // Answers a batch of requests (see engine_loop) and runs the tick when it is due.
   void process(std::vector<Call>& batch) {
     {
+      const bool disk_full = disk_full_.load(std::memory_order_relaxed);
+      if (disk_full != clock_.frozen()) on_disk_full(disk_full);
       std::vector<std::string_view> touched;  // views into the batch's targets
       for (Call& call : batch) {
         const std::string_view endpoint =
@@ -386,13 +388,33 @@ class HttpServer::Impl {
               {std::move(call.respond), serve_get(call.request), endpoint, call.received});
           continue;
         }
+        if (disk_full && call.request.method != "GET") {
+          // Nothing new is taken while the disk is full; what was accepted is written first
+          // (the store thread retries it), reads go on.
+          outbox_.push_back({std::move(call.respond), disk_full_reply(), endpoint, call.received});
+          continue;
+        }
         const TimeMs t = clock_.hold();
         auto result = api_.handle(call.request);
         clock_.release();
         const std::string_view run = Api::run_of(call.request.target);
         if (call.request.method != "GET" && !run.empty()) {
-          record_request(run, t, call.request.target, call.request.body);
-          touched.push_back(run);
+          // The journal keeps what changed state, with how it was answered; nothing of a
+          // request that changed nothing (docs/DURABILITY.md).
+          const auto* reply = std::get_if<HttpReply>(&result);
+          switch (api_.effect()) {
+            case Effect::kNone:
+              break;
+            case Effect::kChanged:
+              record_request(run, t, call.request.target, call.request.body,
+                             reply ? reply->status : kOutcomeParked);
+              touched.push_back(run);
+              break;
+            case Effect::kExpiredOnly:
+              if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
+              touched.push_back(run);
+              break;
+          }
         }
         if (auto* reply = std::get_if<HttpReply>(&result)) {
           if (options_.auth && endpoint == "create_run" && reply->status == 201) {
@@ -414,13 +436,15 @@ class HttpServer::Impl {
                      "%.3f s in all not counted against leases\n",
                      static_cast<double>(clock_.skipped_ms()) / 1000.0);
       }
-      if (now - last_tick_ >= kTickMs) {
+      if (disk_full) {
+        // No tick: leases do not expire and parked acquires do not wait (their clock stands).
+      } else if (now - last_tick_ >= kTickMs) {
         last_tick_ = now;
         const TimeMs t = clock_.hold();
         const std::vector<std::string> expired = api_.expire_leases();
         clock_.release();
         for (const std::string& run : expired) {
-          if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "");
+          if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
         }
         for (auto& [run, queue] : parked_) serve_parked(queue, now);
       } else {
@@ -473,12 +497,27 @@ class HttpServer::Impl {
   // durability "os", 19-21k -> 28k with "fsync" (docs/PERFORMANCE.md).
   void store_loop() {
     std::deque<Committing> work;
+    auto checked = std::chrono::steady_clock::now();
     while (true) {
       {
         std::unique_lock lock(store_mu_);
-        store_cv_.wait(lock, [this] { return !store_queue_.empty() || store_stopping_; });
-        if (store_queue_.empty()) return;  // stopping, and everything handed over is written
+        auto ready = [this] { return !store_queue_.empty() || store_stopping_; };
+        if (disk_full_.load()) {
+          // Nothing comes while the disk is full but reads: look for room every second.
+          store_cv_.wait_for(lock, std::chrono::seconds(1), ready);
+        } else {
+          store_cv_.wait(lock, ready);
+        }
+        if (store_queue_.empty() && store_stopping_) return;  // everything handed over is written
         work.swap(store_queue_);
+      }
+      // The free space, at most ten times a second (a statvfs costs ~1 us): below the reserve,
+      // the engine takes no new work until there is room again (see process()).
+      const auto now = std::chrono::steady_clock::now();
+      if (now - checked >= std::chrono::milliseconds(100) || disk_full_.load()) {
+        checked = now;
+        const bool low = store_->low_on_disk();
+        disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
       }
       StoreBatch all;
       size_t requests = 0;
@@ -487,12 +526,27 @@ class HttpServer::Impl {
         requests += c.replies.size();
       }
       const auto start = std::chrono::steady_clock::now();
-      if (auto r = store_->write(all); !r) {
-        // A failed commit (an fsync error above all) cannot be retried safely: stop, and let
-        // the restart recover from what is on disk.
-        std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n", store_->path().c_str(),
-                     r.error().message.c_str());
-        std::abort();
+      while (true) {
+        auto r = store_->write(all);
+        if (r) break;
+        if (!store_->last_write_was_full()) {
+          // A failed commit (an fsync error above all) cannot be retried safely: stop, and let
+          // the restart recover from what is on disk.
+          std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
+                       store_->path().c_str(), r.error().message.c_str());
+          std::abort();
+        }
+        // No space even in the reserve (something else filled the disk): nothing of the batch
+        // was written, and its replies wait. Take no new work, and write it again each second
+        // until there is room (or the server stops: then they were never answered).
+        if (!disk_full_.exchange(true)) {
+          std::fprintf(stderr, "traincoord: cannot write %s: the disk is full; retrying\n",
+                       store_->path().c_str());
+        }
+        std::unique_lock lock(store_mu_);
+        if (store_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return store_stopping_; })) {
+          return;
+        }
       }
       if (!all.empty()) {
         std::lock_guard lock(metrics_mu_);
@@ -506,22 +560,56 @@ class HttpServer::Impl {
   }
 
   void record_request(std::string_view run, TimeMs t, std::string_view target,
-                      std::string_view body) {
+                      std::string_view body, int outcome) {
     if (store_ && engine_.find(run)) {
-      store_->add_record(run, t, RecordKind::kRequest, target, body);
+      store_->add_record(run, t, RecordKind::kRequest, target, body, outcome);
     }
   }
 
-  // Asks again for a parked acquire; the retry is an acquire of its own, and logged as one.
+  static HttpReply disk_full_reply() {
+    HttpReply r = error_reply(503, "disk_full",
+                              "the coordinator's disk is full: it takes no new work until there "
+                              "is room again (what it accepted is kept); retry later");
+    return r;
+  }
+
+  // The store thread found the disk full (or has room again): time stands still for the runs
+  // meanwhile, and parked acquires are answered at once (503: retry later).
+  void on_disk_full(bool full) {
+    if (full) {
+      clock_.freeze();
+      std::fprintf(stderr,
+                   "traincoord: the disk holding %s has less than %llu MiB free: taking no new "
+                   "work (503) until there is room; reads go on, leases do not expire\n",
+                   store_->path().c_str(),
+                   static_cast<unsigned long long>(store_->min_free_bytes() >> 20));
+      for (auto& [run, queue] : parked_) {
+        for (Parked& p : queue) {
+          outbox_.push_back({std::move(p.respond), disk_full_reply(), p.endpoint, p.received});
+        }
+      }
+      parked_.clear();
+    } else {
+      clock_.thaw();
+      std::fprintf(stderr, "traincoord: the disk has room again: taking work\n");
+    }
+  }
+
+  // Asks again for a parked acquire; the retry is an acquire of its own, and logged as one
+  // when it changed something (handed out jobs, or expired leases on its way): as an acquire
+  // without a wait, which replays to the reply it got (200; a "wait" when it found nothing).
   std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out) {
     const TimeMs t = clock_.hold();
     auto reply = api_.retry(parked, timed_out);
     clock_.release();
-    record_request(parked.run, t, "/v1/runs/" + parked.run + "/acquire",
-                   "{\"worker\":" + std::to_string(parked.worker) +
-                       ",\"request\":" + std::to_string(parked.request) +
-                       (parked.max_jobs > 0 ? ",\"jobs\":" + std::to_string(parked.max_jobs) : "") +
-                       "}");
+    if (api_.effect() == Effect::kChanged) {
+      record_request(
+          parked.run, t, "/v1/runs/" + parked.run + "/acquire",
+          "{\"worker\":" + std::to_string(parked.worker) +
+              ",\"request\":" + std::to_string(parked.request) +
+              (parked.max_jobs > 0 ? ",\"jobs\":" + std::to_string(parked.max_jobs) : "") + "}",
+          reply ? reply->status : 200);
+    }
     return reply;
   }
 
@@ -613,6 +701,9 @@ class HttpServer::Impl {
   };
   std::mutex store_mu_;
   std::condition_variable store_cv_;
+  // Set by the store thread when the disk's free space is below the reserve (or a write found
+  // it full); the engine then takes no new work (503) and its clock stands.
+  std::atomic<bool> disk_full_{false};
   std::deque<Committing> store_queue_;
   bool store_stopping_ = false;
   std::thread store_thread_;

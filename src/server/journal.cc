@@ -42,15 +42,39 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
     }
     report.runs += 1;
   }
-  auto replayed = store.for_each_record([&](const Record& r) {
+  auto replayed = store.for_each_record([&](const Record& r) -> Result<void> {
     clock.replay_at(r.time);
     report.records += 1;
     if (r.kind == RecordKind::kExpire) {
       if (auto run = engine.find(r.run)) (*run)->expire_leases();
-      return;
+      return {};
     }
-    // The same code path as when the request first came; its answer is not needed again.
-    (void)api.handle(HttpRequest{"POST", r.target, r.body, {}});
+    // The same code path as when the request first came, which must answer as it did then:
+    // otherwise the state rebuilt is not the state that was (a changed limit, a damaged log,
+    // a bug), and going on would hand out wrong work. The restart stops, naming the record.
+    auto result = api.handle(HttpRequest{"POST", r.target, r.body, {}});
+    if (r.outcome == kOutcomeUnknown) return {};  // (written before outcomes were kept)
+    const int replayed_outcome = std::holds_alternative<ParkedAcquire>(result)
+                                     ? kOutcomeParked
+                                     : std::get<HttpReply>(result).status;
+    if (replayed_outcome == r.outcome) return {};
+    auto name = [](int outcome) {
+      return outcome == kOutcomeParked ? std::string("parked (long poll)")
+                                       : "HTTP " + std::to_string(outcome);
+    };
+    std::string body = r.body.substr(0, 200);
+    for (char& c : body) {
+      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    }
+    const auto* reply = std::get_if<HttpReply>(&result);
+    return failed_precondition(
+        "log row " + std::to_string(r.seq) + " of run " + r.run + " does not replay as it was: "
+        "POST " + r.target + " " + body + (r.body.size() > 200 ? "..." : "") + " was answered " +
+        name(r.outcome) + " when it came, but " + name(replayed_outcome) + " now" +
+        (reply && reply->status >= 400 ? " (" + reply->body + ")" : std::string()) +
+        ". The state it would rebuild is not the state that was, so traincoord stops here. "
+        "Was the data dir written by another version, or changed? Run this version's "
+        "`traincoord inspect` on a copy, and report it");
   });
   if (!replayed) return tl::unexpected(replayed.error());
   auto latest = store.latest_time();

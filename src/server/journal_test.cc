@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -26,7 +29,8 @@ constexpr const char* kConfig = R"({"name": "j", "data": {"train_batches": 23, "
 // The server's engine loop, minus the network.
 class Harness {
  public:
-  Harness(const std::string& dir, uint64_t snapshot_every) {
+  Harness(const std::string& dir, uint64_t snapshot_every, ApiLimits limits = {})
+      : api_(engine_, clock_, limits) {
     StoreOptions o;
     o.dir = dir;
     o.durability = Durability::kOs;
@@ -42,16 +46,24 @@ class Harness {
     auto result = api_.handle({"POST", target, body, {}});
     clock_.release();
     const std::string_view run = Api::run_of(target);
+    const auto* reply = std::get_if<HttpReply>(&result);
     if (!run.empty() && engine_.find(std::string(run))) {
-      store_->add_record(run, t, RecordKind::kRequest, target, body);
+      // As the server does: only what changed state, with its outcome.
+      if (api_.effect() == Effect::kChanged) {
+        store_->add_record(run, t, RecordKind::kRequest, target, body,
+                           reply ? reply->status : kOutcomeParked);
+        logged_ += 1;
+      } else if (api_.effect() == Effect::kExpiredOnly) {
+        store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
+      }
     }
-    return std::holds_alternative<HttpReply>(result) ? std::get<HttpReply>(result) : HttpReply{};
+    return reply ? *reply : HttpReply{};
   }
 
   void tick() {
     const TimeMs t = clock_.hold();
     for (const std::string& run : api_.expire_leases()) {
-      store_->add_record(run, t, RecordKind::kExpire, "", "");
+      store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
     }
     clock_.release();
   }
@@ -63,16 +75,20 @@ class Harness {
 
   void advance(TimeMs dt) { clock_.replay_at(clock_.now() + dt); }
   Engine& engine() { return engine_; }
+  Store& store() { return *store_; }
+  uint64_t logged() const { return logged_; }
 
  private:
+  uint64_t logged_ = 0;
   ServerClock clock_;
   Engine engine_{clock_};
-  Api api_{engine_, clock_};
+  Api api_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<StoreObserver> observer_;
 };
 
-std::string saved_state(Engine& engine) { return RunCodec::save(**engine.find("j")); }
+// The run's state as the journal rebuilds it (all but the workers' "last seen").
+std::string saved_state(Engine& engine) { return RunCodec::save_journalled(**engine.find("j")); }
 
 void drive(Harness& h, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -202,11 +218,44 @@ void rewrite_as_schema(const std::string& dir, int version) {
     o.read_only = true;
     auto store = Store::open(o);
     ASSERT_TRUE(store) << store.error().message;
-    ASSERT_TRUE((*store)->for_each_record([&](const Record& r) { records.push_back(r); }));
+    ASSERT_TRUE((*store)->for_each_record([&](const Record& r) -> Result<void> {
+      records.push_back(r);
+      return {};
+    }));
   }
   ASSERT_GT(records.size(), 100u);
   auto db = sqlite::Db::open(dir + "/traincoord.db", false);
   ASSERT_TRUE(db);
+  // Schema 3: no checksums, and records without their outcome (as encode_record wrote them:
+  // kind, time, target, body).
+  {
+    auto dropped = db->exec(
+        "ALTER TABLE runs DROP COLUMN sum; ALTER TABLE snapshots DROP COLUMN chain; "
+        "ALTER TABLE snapshots DROP COLUMN sum; DROP TABLE log; CREATE TABLE log (seq INTEGER "
+        "PRIMARY KEY, run TEXT NOT NULL, time_ms INTEGER NOT NULL, records BLOB NOT NULL)");
+    ASSERT_TRUE(dropped) << dropped.error().message;
+  }
+  {
+    auto insert = db->prepare("INSERT INTO log (seq, run, time_ms, records) VALUES (?,?,?,?)");
+    ASSERT_TRUE(insert);
+    for (const Record& r : records) {
+      std::string blob;
+      blob.push_back(static_cast<char>(r.kind));
+      blob.append(reinterpret_cast<const char*>(&r.time), 8);
+      for (const std::string* text : {&r.target, &r.body}) {
+        const auto n = static_cast<uint32_t>(text->size());
+        blob.append(reinterpret_cast<const char*>(&n), 4);
+        blob += *text;
+      }
+      insert->bind(1, static_cast<int64_t>(&r - records.data()) + 1);  // (a row per record)
+      insert->bind(2, r.run).bind(3, r.time).bind_blob(4, blob);
+      ASSERT_TRUE(insert->run());
+    }
+  }
+  if (version == 3) {
+    ASSERT_TRUE(db->exec("PRAGMA user_version = 3"));
+    return;
+  }
   ASSERT_TRUE(
       db->exec(std::string("BEGIN; CREATE TABLE c (run TEXT NOT NULL, lease INTEGER NOT NULL, "
                            "worker TEXT NOT NULL, set_name TEXT NOT NULL, epoch INTEGER NOT NULL, "
@@ -275,7 +324,7 @@ TEST_P(StoreUpgrade, RestoresTheSameRunAndKeepsEveryCompletion) {
             "0");
 }
 
-INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2, 3));
 
 TEST(Store, RefusesAFileThatIsNotADatabase) {
   TempDir dir;
@@ -318,6 +367,230 @@ TEST(Store, RefusesADatabaseOfANewerVersion) {
   auto store = Store::open(o);
   ASSERT_FALSE(store);
   EXPECT_NE(store.error().message.find("newer traincoord"), std::string::npos);
+}
+
+
+// ---- What the journal keeps, and how a restart checks it (issue 16, items 1-5) ----
+
+std::string open_error(const StoreOptions& o) {
+  auto store = Store::open(o);
+  return store ? std::string() : store.error().message;
+}
+
+std::string restore_error(const std::string& dir) {
+  StoreOptions o;
+  o.dir = dir;
+  o.read_only = true;
+  auto store = Store::open(o);
+  if (!store) return store.error().message;
+  ServerClock clock;
+  Engine engine(clock);
+  Api api(engine, clock, ApiLimits::none());
+  auto report = restore_engine(**store, engine, api, clock);
+  return report ? std::string() : report.error().message;
+}
+
+int64_t log_rows(const std::string& dir) {
+  auto db = sqlite::Db::open(dir + "/traincoord.db", true);
+  return std::stoll(db->scalar("SELECT count(*) FROM log").value());
+}
+
+// Item 1: refused requests are not logged, so a restart (with any limits) cannot replay them
+// as accepted; and an acquire that found nothing writes nothing.
+TEST(JournalKeeps, OnlyWhatChangedState) {
+  TempDir dir;
+  {
+    ApiLimits limits;
+    limits.max_workers_per_run = 1;
+    Harness h(dir.path(), 1'000'000, limits);
+    ASSERT_EQ(h.post("/v1/runs", kConfig).status, 201);
+    ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "w0"})").status, 200);
+    EXPECT_EQ(h.post("/v1/runs/j/workers", R"({"name": "intruder"})").status, 409);
+    EXPECT_EQ(h.post("/v1/runs/j/acquire", R"({"worker": 1, "jobs": 4})").status, 404);
+    const std::string big(1 << 20, 'x');
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(h.post("/v1/runs/j/complete", R"({"worker": 7, "pad": ")" + big + "\"}").status,
+                404);
+    }
+    h.commit();
+    EXPECT_EQ(h.logged(), 1u);  // the registration of w0, nothing else
+    EXPECT_EQ(log_rows(dir.path()), 1);
+    EXPECT_LT(std::filesystem::file_size(dir.path() + "/traincoord.db") +
+                  std::filesystem::file_size(dir.path() + "/traincoord.db-wal"),
+              uint64_t{1} << 20);
+    // Two jobs out, an acquire that finds nothing (same request id) changes nothing.
+    ASSERT_EQ(h.post("/v1/runs/j/acquire", R"({"worker": 0, "request": 1, "jobs": 40})").status,
+              200);
+    const uint64_t before = h.logged();
+    for (int i = 0; i < 10; ++i) h.post("/v1/runs/j/acquire", R"({"worker": 0, "request": 2})");
+    EXPECT_EQ(h.logged(), before + 1);  // the first (a new request id), not the other nine
+    h.commit();
+  }
+  ServerClock clock;
+  Engine engine(clock);
+  Api api(engine, clock, ApiLimits::none());
+  StoreOptions o;
+  o.dir = dir.path();
+  auto store = Store::open(o);
+  ASSERT_TRUE(store) << store.error().message;
+  ASSERT_TRUE(restore_engine(**store, engine, api, clock));
+  const traincoord::Run& run = **engine.find("j");
+  ASSERT_EQ(run.workers().size(), 1u);
+  EXPECT_EQ(run.workers()[0].name, "w0");
+}
+
+// Item 1: replay answers every record as it was answered when it came, or the restart stops.
+TEST(JournalKeeps, ARecordThatReplaysDifferentlyStopsTheRestart) {
+  TempDir dir;
+  {
+    Harness h(dir.path(), 1'000'000);
+    ASSERT_EQ(h.post("/v1/runs", kConfig).status, 201);
+    ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "w0"})").status, 200);
+    // A record as a bug (or another version) would have written it: said accepted, but the
+    // worker does not exist.
+    h.store().add_record("j", 5, RecordKind::kRequest, "/v1/runs/j/acquire", R"({"worker": 3})",
+                         200);
+    h.commit();
+  }
+  const std::string error = restore_error(dir.path());
+  EXPECT_NE(error.find("does not replay as it was"), std::string::npos) << error;
+  EXPECT_NE(error.find("answered HTTP 200 when it came, but HTTP 404 now"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("/v1/runs/j/acquire"), std::string::npos) << error;
+}
+
+// Changes one byte of a blob column (the first `find` in it, or its middle byte) in the row
+// `where` selects.
+void damage_blob(const std::string& dir, const std::string& table, const std::string& column,
+                 const std::string& where, const std::string& find, char to) {
+  auto db = sqlite::Db::open(dir + "/traincoord.db", false);
+  ASSERT_TRUE(db);
+  auto read = db->prepare("SELECT rowid, " + column + " FROM " + table + " WHERE " + where);
+  ASSERT_TRUE(read);
+  int64_t rowid = 0;
+  std::string blob;
+  while (true) {
+    auto row = read->step();
+    ASSERT_TRUE(row);
+    ASSERT_TRUE(*row) << "no row of " << table << " to damage";
+    blob = read->blob(1);
+    if (find.empty() || blob.find(find) != std::string::npos) {
+      rowid = read->int64(0);
+      read->reset();
+      break;
+    }
+  }
+  const size_t at = find.empty() ? blob.size() / 2 : blob.find(find) + find.size() - 1;
+  ASSERT_NE(blob[at], to);
+  blob[at] = to;
+  auto write = db->prepare("UPDATE " + table + " SET " + column + " = ? WHERE rowid = ?");
+  ASSERT_TRUE(write);
+  write->bind_blob(1, blob).bind(2, rowid);
+  ASSERT_TRUE(write->run());
+}
+
+// Item 2: a changed byte anywhere in what the restart reads is found, and named.
+TEST(JournalKeeps, AChecksumOnEveryRowSnapshotAndConfig) {
+  const std::vector<std::pair<const char*, std::function<void(const std::string&)>>> damages = {
+      {"a loss in a log row",
+       [](const std::string& d) {
+         // (`"loss": 1.5` becomes `"loss":91.5`)
+         damage_blob(d, "log", "records", "1", "\"loss\": ", '9');
+       }},
+      {"a byte of a snapshot", [](const std::string& d) {
+         damage_blob(d, "snapshots", "state", "1", "", '\x7f');
+       }},
+      {"a missing log row",
+       [](const std::string& d) {
+         auto db = sqlite::Db::open(d + "/traincoord.db", false);
+         ASSERT_TRUE(db->exec("DELETE FROM log WHERE seq = (SELECT min(seq) + 5 FROM log)"));
+       }},
+      {"a time in a log row",
+       [](const std::string& d) {
+         auto db = sqlite::Db::open(d + "/traincoord.db", false);
+         ASSERT_TRUE(db->exec("UPDATE log SET time_ms = time_ms + 1 WHERE seq = (SELECT max(seq) "
+                              "FROM log)"));
+       }},
+      {"the config", [](const std::string& d) {
+         auto db = sqlite::Db::open(d + "/traincoord.db", false);
+         ASSERT_TRUE(db->exec("UPDATE runs SET config = replace(config, '\"epochs\": 4', "
+                              "'\"epochs\": 5')"));
+       }}};
+  for (const auto& [what, damage] : damages) {
+    SCOPED_TRACE(what);
+    TempDir dir;
+    {
+      // A snapshot (of the first 30 records) where the snapshot is damaged; elsewhere none:
+      // the log is read from its start (rows a snapshot covers are never read again).
+      Harness h(dir.path(), std::string(what).find("snapshot") != std::string::npos ? 30 : 1'000'000);
+      drive(h, 5);
+    }
+    ASSERT_EQ(restore_error(dir.path()), "");
+    ASSERT_NO_FATAL_FAILURE(damage(dir.path()));
+    const std::string error = restore_error(dir.path());
+    EXPECT_NE(error.find("fails its checksum"), std::string::npos) << error;
+    EXPECT_NE(error.find("run j"), std::string::npos) << error;
+  }
+}
+
+// Item 3: one writer per data dir; a reader (inspect) may look at one in use.
+TEST(JournalKeeps, OneWriterPerDataDir) {
+  TempDir dir;
+  StoreOptions o;
+  o.dir = dir.path();
+  auto first = Store::open(o);
+  ASSERT_TRUE(first) << first.error().message;
+  const std::string error = open_error(o);
+  EXPECT_NE(error.find("is in use by another traincoord process (pid " +
+                       std::to_string(::getpid()) + ")"),
+            std::string::npos)
+      << error;
+  o.read_only = true;
+  EXPECT_EQ(open_error(o), "");
+  o.read_only = false;
+  first->reset();  // closed: free again
+  EXPECT_EQ(open_error(o), "");
+}
+
+// Item 4: a start on a disk with less than the reserve free is refused.
+TEST(JournalKeeps, NoStartWithoutRoomOnTheDisk) {
+  TempDir dir;
+  StoreOptions o;
+  o.dir = dir.path();
+  o.min_free_bytes = uint64_t{1} << 62;
+  const std::string error = open_error(o);
+  EXPECT_NE(error.find("is full or nearly"), std::string::npos) << error;
+  EXPECT_NE(error.find("--min-free-disk"), std::string::npos) << error;
+}
+
+// Item 5: commits lost after they were made (a deleted -wal file) are reported at the start.
+TEST(JournalKeeps, LostCommitsAreReportedAtTheStart) {
+  TempDir dir;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 2);
+  }
+  StoreOptions o;
+  o.dir = dir.path();
+  {
+    auto store = Store::open(o);
+    ASSERT_TRUE(store);
+    EXPECT_TRUE((*store)->take_notices().empty());
+  }
+  {
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("DELETE FROM log WHERE seq > (SELECT max(seq) - 3 FROM log)"));
+  }
+  auto store = Store::open(o);
+  ASSERT_TRUE(store);
+  const auto notices = (*store)->take_notices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("lost commits"), std::string::npos) << notices[0];
+  EXPECT_NE(notices[0].find("3 commits are lost"), std::string::npos) << notices[0];
+  store->reset();
+  auto again = Store::open(o);  // said once: the head now is what the database holds
+  ASSERT_TRUE(again);
+  EXPECT_TRUE((*again)->take_notices().empty());
 }
 
 }  // namespace

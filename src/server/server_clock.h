@@ -16,10 +16,23 @@ class ServerClock final : public Clock {
  public:
   TimeMs now() const override {
     if (replaying_ || held_) return replay_time_;
-    return running_.at(base_ + std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now() - start_)
-                                   .count());
+    const TimeMs running = running_now();
+    return frozen_ ? frozen_at_ : running - frozen_for_;
   }
+  // Stops time for the runs (leases, long-poll deadlines) while the server cannot take the
+  // calls that would keep them alive (its disk is full: every worker's report is refused), and
+  // goes on from where it stopped: no lease expires for the time its worker could not report.
+  void freeze() {
+    if (frozen_) return;
+    frozen_at_ = now();
+    frozen_ = true;
+  }
+  void thaw() {
+    if (!frozen_) return;
+    frozen_ = false;
+    frozen_for_ = running_now() - frozen_at_;
+  }
+  bool frozen() const { return frozen_; }
   // The engine reads the clock at least every tick (50 ms) while it runs: a longer gap between
   // two readings means the process did not run, and counts as this much only.
   static constexpr TimeMs kMaxStepMs = 250;
@@ -47,10 +60,21 @@ class ServerClock final : public Clock {
     base_ = base;
     start_ = std::chrono::steady_clock::now();
     running_ = RunningTime(kMaxStepMs);
+    frozen_ = false;
+    frozen_for_ = 0;
   }
 
  private:
+  TimeMs running_now() const {
+    return running_.at(base_ + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - start_)
+                                   .count());
+  }
+
   bool replaying_ = false;
+  bool frozen_ = false;
+  TimeMs frozen_at_ = 0;   // now() when frozen
+  TimeMs frozen_for_ = 0;  // running time spent frozen, in all (not counted)
   bool held_ = false;
   TimeMs replay_time_ = 0;
   TimeMs base_ = 0;

@@ -32,7 +32,7 @@ std::unique_ptr<Store> open_store(const std::string& dir) {
 
 // Commits one large record.
 void write_one(Store& store, const Engine& engine, TimeMs t) {
-  store.add_record("run", t, RecordKind::kRequest, "/v1/runs/run/complete", kBody);
+  store.add_record("run", t, RecordKind::kRequest, "/v1/runs/run/complete", kBody, 200);
   auto r = store.commit(engine);
   ASSERT_TRUE(r) << r.error().message;
 }
@@ -82,9 +82,11 @@ TEST(Checkpointer, CopiesTheWalIntoTheDatabaseAndKeepsItBounded) {
   auto reader = Store::open(o);
   ASSERT_TRUE(reader);
   TimeMs records = 0;
-  ASSERT_TRUE((*reader)->for_each_record([&](const Record& r) {
+  ASSERT_TRUE((*reader)->for_each_record([&](const Record& r) -> Result<void> {
     EXPECT_EQ(r.time, ++records);
     EXPECT_EQ(r.body.size(), kBody.size());
+    EXPECT_EQ(r.outcome, 200);
+    return {};
   }));
   EXPECT_EQ(records, t);
 }

@@ -1,6 +1,11 @@
 #include "store/store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,6 +32,10 @@ const char* kCompletionsView =
     "json_extract(c.value, '$[7]') AS metrics, json_extract(c.value, '$[8]') AS time_ms "
     "FROM completion_batches b, json_each(b.rows) c;";
 
+// Checksums (schema 4; NULL where schema 3 wrote the row): runs.sum, of the config
+// (config_sum); snapshots.chain, the run's checksum chain at `seq`, and snapshots.sum, of the
+// state (snapshot_sum); log.sum, the run's chain through that row (row_sum). (Comments stay
+// off those columns' lines: ALTER TABLE ... DROP COLUMN trips on them.)
 const char* kSchema = R"(
 CREATE TABLE runs (
   name TEXT PRIMARY KEY,
@@ -34,19 +43,23 @@ CREATE TABLE runs (
   config TEXT NOT NULL,              -- the run config as the user gave it
   created_ms INTEGER NOT NULL,
   state TEXT NOT NULL DEFAULT 'running',
-  reason TEXT NOT NULL DEFAULT ''
+  reason TEXT NOT NULL DEFAULT '',
+  sum INTEGER
 );
 CREATE TABLE snapshots (             -- the whole state of a run, as of log record `seq`
   run TEXT PRIMARY KEY REFERENCES runs(name),
   seq INTEGER NOT NULL,
   time_ms INTEGER NOT NULL,
-  state BLOB NOT NULL
+  state BLOB NOT NULL,
+  chain INTEGER,
+  sum INTEGER
 );
 CREATE TABLE log (                   -- every state-changing request since the snapshot:
   seq INTEGER PRIMARY KEY,           -- one row per run and commit; increasing, never reused
   run TEXT NOT NULL,
   time_ms INTEGER NOT NULL,          -- of its last record
-  records BLOB NOT NULL              -- its records, in order (encode_record below)
+  records BLOB NOT NULL,             -- its records, in order (encode_record below)
+  sum INTEGER
 );
 CREATE TABLE completion_batches (    -- the accepted completions of a run, a commit's per row:
   id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below)
@@ -79,21 +92,49 @@ CREATE VIEW losses AS
 // durability "os", its SQLite work was ~16 us a request (docs/PERFORMANCE.md). Schema 3 keeps
 // a commit's completions of a run in one row too (JSON, read through the view `completions`):
 // a row per completion was the store thread's largest cost left, ~2.5 of its ~7.5 us a job.
-// A record in a log row: kind (1 byte), time (8), target length (4) and bytes, body length (4)
-// and bytes; integers little-endian as x86 and ARM store them.
+// Schema 4 keeps what each request was answered (replay must answer the same, or the restart
+// stops) and a checksum chain per run: each log row's sum covers the row and the sum before it
+// (the snapshot's `chain` where the log starts), so a changed, lost or reordered row is found.
+// A record in a log row: kind (1 byte), time (8), [schema 4: outcome (2)], target length (4)
+// and bytes, body length (4) and bytes; integers little-endian as x86 and ARM store them.
 void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
 void encode_record(std::string* out, RecordKind kind, TimeMs time, std::string_view target,
-                   std::string_view body) {
+                   std::string_view body, int outcome, bool with_outcome = true) {
   out->push_back(static_cast<char>(kind));
   out->append(reinterpret_cast<const char*>(&time), 8);
+  if (with_outcome) {
+    const uint16_t o = outcome < 0 ? 0xFFFF : static_cast<uint16_t>(outcome);
+    out->append(reinterpret_cast<const char*>(&o), 2);
+  }
   put_u32(out, static_cast<uint32_t>(target.size()));
   out->append(target);
   put_u32(out, static_cast<uint32_t>(body.size()));
   out->append(body);
 }
 
+// XXH3 (Debian's libxxhash): a fast 64-bit hash, to find damage (not an attacker who can write
+// the database: they could write the sums too).
+uint64_t row_sum(uint64_t before, int64_t seq, std::string_view run, TimeMs time,
+                 std::string_view records) {
+  const int64_t head[2] = {seq, time};
+  uint64_t h = XXH3_64bits_withSeed(head, sizeof head, before);
+  h = XXH3_64bits_withSeed(run.data(), run.size(), h);
+  return XXH3_64bits_withSeed(records.data(), records.size(), h);
+}
+uint64_t snapshot_sum(uint64_t chain, int64_t seq, std::string_view state) {
+  return XXH3_64bits_withSeed(state.data(), state.size(), chain ^ static_cast<uint64_t>(seq));
+}
+uint64_t config_sum(std::string_view name, std::string_view format, std::string_view text) {
+  uint64_t h = XXH3_64bits_withSeed(name.data(), name.size(), 0);
+  h = XXH3_64bits_withSeed(format.data(), format.size(), h);
+  return XXH3_64bits_withSeed(text.data(), text.size(), h);
+}
+// SQLite keeps signed 64-bit integers.
+int64_t as_int(uint64_t v) { return static_cast<int64_t>(v); }
+
 // Decodes the records of a log row; false if it is damaged.
-bool decode_records(std::string_view in, Record* r, const std::function<void(const Record&)>& fn) {
+bool decode_records(std::string_view in, bool with_outcome, Record* r, Result<void>* stopped,
+                    const std::function<Result<void>(const Record&)>& fn) {
   auto take = [&](void* to, size_t n) {
     if (in.size() < n) return false;
     std::memcpy(to, in.data(), n);
@@ -109,7 +150,9 @@ bool decode_records(std::string_view in, Record* r, const std::function<void(con
   };
   while (!in.empty()) {
     uint8_t kind = 0;
-    if (!take(&kind, 1) || !take(&r->time, 8) || !take_text(&r->target) || !take_text(&r->body)) {
+    uint16_t outcome = 0xFFFF;
+    if (!take(&kind, 1) || !take(&r->time, 8) || (with_outcome && !take(&outcome, 2)) ||
+        !take_text(&r->target) || !take_text(&r->body)) {
       return false;
     }
     if (kind != static_cast<uint8_t>(RecordKind::kRequest) &&
@@ -117,7 +160,11 @@ bool decode_records(std::string_view in, Record* r, const std::function<void(con
       return false;
     }
     r->kind = static_cast<RecordKind>(kind);
-    fn(*r);
+    r->outcome = outcome == 0xFFFF ? kOutcomeUnknown : outcome;
+    if (auto done = fn(*r); !done) {
+      *stopped = std::move(done);
+      return true;
+    }
   }
   return true;
 }
@@ -148,7 +195,8 @@ Result<void> migrate_from_1(sqlite::Db& db) {
     rec.target = read->text(4);
     rec.body = read->text(5);
     std::string blob;
-    encode_record(&blob, rec.kind, rec.time, rec.target, rec.body);
+    encode_record(&blob, rec.kind, rec.time, rec.target, rec.body, kOutcomeUnknown,
+                  /*with_outcome=*/false);
     write->bind(1, read->int64(0)).bind(2, read->text(1)).bind(3, rec.time).bind_blob(4, blob);
     if (auto r = write->run(); !r) return fail(r.error());
   }
@@ -191,6 +239,27 @@ Result<void> migrate_from_2(sqlite::Db& db) {
   return {};
 }
 
+// Schema 3 -> 4: checksums (NULL for what schema 3 wrote: read as it is, unchecked).
+Result<void> migrate_from_3(sqlite::Db& db) {
+  if (auto r = db.exec("BEGIN; ALTER TABLE runs ADD COLUMN sum INTEGER;"
+                       "ALTER TABLE snapshots ADD COLUMN chain INTEGER;"
+                       "ALTER TABLE snapshots ADD COLUMN sum INTEGER;"
+                       "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version=4; COMMIT");
+      !r) {
+    (void)db.exec("ROLLBACK");
+    return r;
+  }
+  return {};
+}
+
+uint64_t free_bytes_at(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: not low
+  return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
 tl::unexpected<Error> refuse(const std::string& path, const std::string& why) {
   return failed_precondition(path + ": " + why +
                              ". traincoord did not change it; point --data-dir elsewhere, or "
@@ -212,6 +281,53 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     }
   }
   if (ec) return failed_precondition("cannot create data dir " + options.dir + ": " + ec.message());
+  // One writer per data dir: a second server (or launch) on it is refused here, before it
+  // reads anything (two writers would interleave their logs). The lock goes with the process,
+  // also when it is killed. Opening the lock file for writing also finds a read-only disk.
+  int lock_fd = -1;
+  if (!options.read_only) {
+    const std::string lock_path = options.dir + "/" + kLockFileName;
+    lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0) {
+      return failed_precondition("cannot write in data dir " + options.dir + " (" +
+                                 std::strerror(errno) +
+                                 "): traincoord needs to write there; for a read-only look "
+                                 "at its runs, use `traincoord inspect`");
+    }
+    if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      char pid[32] = {};
+      const ssize_t n = ::pread(lock_fd, pid, sizeof pid - 1, 0);
+      ::close(lock_fd);
+      std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      return failed_precondition(
+          "data dir " + options.dir + " is in use by another traincoord process" +
+          (holder.empty() ? std::string() : " (pid " + holder + ")") +
+          ": stop it first, or give this one another --data-dir (`traincoord inspect` reads a "
+          "data dir in use)");
+    }
+    const uint64_t free = free_bytes_at(options.dir);
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    const bool written = ::ftruncate(lock_fd, 0) == 0 &&
+                         ::pwrite(lock_fd, pid.data(), pid.size(), 0) ==
+                             static_cast<ssize_t>(pid.size());
+    if (!written || free < options.min_free_bytes) {
+      const int err = errno;
+      ::close(lock_fd);
+      return failed_precondition(
+          "the disk holding data dir " + options.dir + " is full or nearly (" +
+          (written ? mib(free) + " free" : std::string(std::strerror(err))) +
+          "; traincoord keeps " + mib(options.min_free_bytes) +
+          " free so that what it accepted can always be written): free some space, or set "
+          "--min-free-disk lower");
+    }
+  }
+  struct LockGuard {  // released on every refusal below; the store takes it at the end
+    int fd;
+    ~LockGuard() {
+      if (fd >= 0) ::close(fd);
+    }
+  } lock{lock_fd};
   const std::string path = options.dir + "/" + kFileName;
   const bool existed = std::filesystem::exists(path);
   if (options.read_only && !existed) {
@@ -272,6 +388,12 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       }
       schema = 3;
     }
+    if (schema == 3) {
+      if (auto r = migrate_from_3(*db); !r) {
+        return refuse(path, "cannot be upgraded from schema 3 (" + r.error().message + ")");
+      }
+      schema = 4;
+    }
   } else if (fresh) {
     return refuse(path, "an empty database");
   }
@@ -291,6 +413,9 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
              : ", coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'log'), 0))"));
     if (!max_seq) return tl::unexpected(max_seq.error());
     store->next_seq_ = (max_seq->empty() ? 0 : std::stoll(*max_seq)) + 1;
+    store->lock_fd_ = std::exchange(lock.fd, -1);
+    if (auto r = store->check_head(); !r) return tl::unexpected(r.error());
+    if (auto r = store->load_chains(); !r) return tl::unexpected(r.error());
     if (auto r = store->find_untrimmed(); !r) return tl::unexpected(r.error());
     if (auto r = store->prepare_statements(); !r) return tl::unexpected(r.error());
     auto checkpointer = Checkpointer::start(path, store->db_.raw());
@@ -300,20 +425,99 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
   return store;
 }
 
+Store::~Store() {
+  checkpointer_.reset();  // (before the database closes)
+  if (head_fd_ >= 0) ::close(head_fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // (last: the data dir is free once all is closed)
+}
+
+uint64_t Store::free_bytes() const { return free_bytes_at(options_.dir); }
+
+// The head file: "traincoord head " and the last committed log row's number, with a checksum
+// of both (24 bytes). Written in place after each commit, not synced: after a power loss it
+// may lag (then it finds less), never lead what was committed with durability "fsync".
+namespace {
+constexpr char kHeadMagic[16] = {'t', 'r', 'a', 'i', 'n', 'c', 'o', 'o',
+                                 'r', 'd', ' ', 'h', 'e', 'a', 'd', '1'};
+}  // namespace
+
+void Store::write_head(int64_t seq) {
+  if (head_fd_ < 0 || seq <= head_written_) return;
+  char buf[32];
+  std::memcpy(buf, kHeadMagic, 16);
+  std::memcpy(buf + 16, &seq, 8);
+  const uint64_t sum = XXH3_64bits(buf, 24);
+  std::memcpy(buf + 24, &sum, 8);
+  if (::pwrite(head_fd_, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf)) {
+    head_written_ = seq;
+  }
+}
+
+Result<void> Store::check_head() {
+  const std::string head_path = options_.dir + "/" + kHeadFileName;
+  head_fd_ = ::open(head_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (head_fd_ < 0) {
+    return failed_precondition("cannot write " + head_path + ": " + std::strerror(errno));
+  }
+  char buf[32];
+  const ssize_t n = ::pread(head_fd_, buf, sizeof buf, 0);
+  const int64_t held = next_seq_ - 1;  // the last log row the database holds (or covers)
+  if (n == static_cast<ssize_t>(sizeof buf) && std::memcmp(buf, kHeadMagic, 16) == 0) {
+    int64_t seq = 0;
+    uint64_t sum = 0;
+    std::memcpy(&seq, buf + 16, 8);
+    std::memcpy(&sum, buf + 24, 8);
+    if (sum != XXH3_64bits(buf, 24)) {
+      notices_.push_back(head_path + " is damaged; it was ignored (it only serves to find lost "
+                                     "commits)");
+    } else if (seq > held) {
+      notices_.push_back(
+          "WARNING: " + path_ + " lost commits: it holds log rows up to " + std::to_string(held) +
+          ", but rows up to " + std::to_string(seq) + " were committed (" + head_path +
+          "). Requests answered in those " + std::to_string(seq - held) +
+          " commits are lost (was the -wal file deleted, or did the disk drop writes?). The runs "
+          "go on from what was kept: work done in the lost commits is handed out again");
+    }
+  } else if (n != 0) {
+    notices_.push_back(head_path + " is not a head file; it was ignored and will be rewritten");
+  }
+  head_written_ = 0;
+  write_head(held);
+  return {};
+}
+
+// The checksum chain of each run, where the next log row goes on from: its latest row's sum,
+// or its snapshot's chain when no row is newer.
+Result<void> Store::load_chains() {
+  auto stmt = db_.prepare(
+      "SELECT r.name, coalesce((SELECT l.sum FROM log l WHERE l.run = r.name AND l.seq > "
+      "coalesce(s.seq, 0) ORDER BY l.seq DESC LIMIT 1), s.chain, 0) FROM runs r LEFT JOIN "
+      "snapshots s ON s.run = r.name");
+  if (!stmt) return tl::unexpected(stmt.error());
+  while (true) {
+    auto row = stmt->step();
+    if (!row) return tl::unexpected(row.error());
+    if (!*row) return {};
+    chain_[stmt->text(0)] = static_cast<uint64_t>(stmt->int64(1));
+  }
+}
+
 Result<void> Store::prepare_statements() {
   struct {
     sqlite::Statement* statement;
     const char* sql;
   } all[] = {
-      {&insert_run_, "INSERT INTO runs (name, config_format, config, created_ms) VALUES (?,?,?,?)"},
-      {&insert_record_, "INSERT INTO log (seq, run, time_ms, records) VALUES (?,?,?,?)"},
+      {&insert_run_,
+       "INSERT INTO runs (name, config_format, config, created_ms, sum) VALUES (?,?,?,?,?)"},
+      {&insert_record_, "INSERT INTO log (seq, run, time_ms, records, sum) VALUES (?,?,?,?,?)"},
       {&insert_completion_, "INSERT INTO completion_batches (run, rows) VALUES (?,?)"},
       {&upsert_epoch_,
        "INSERT OR REPLACE INTO epochs (run, set_name, epoch, jobs, done, failed, closed, loss, "
        "samples, nonfinite_jobs) VALUES (?,?,?,?,?,?,?,?,?,?)"},
       {&update_run_, "UPDATE runs SET state = ?, reason = ? WHERE name = ?"},
       {&upsert_snapshot_,
-       "INSERT OR REPLACE INTO snapshots (run, seq, time_ms, state) VALUES (?,?,?,?)"},
+       "INSERT OR REPLACE INTO snapshots (run, seq, time_ms, state, chain, sum) VALUES "
+       "(?,?,?,?,?,?)"},
       {&delete_log_, "DELETE FROM log WHERE seq = ?"},
       // IMMEDIATE: the write lock at once, waiting (busy timeout) while a checkpoint holds it.
       {&begin_, "BEGIN IMMEDIATE"},
@@ -328,9 +532,11 @@ Result<void> Store::prepare_statements() {
 }
 
 Result<std::vector<SavedRun>> Store::saved_runs() {
+  const bool sums = schema_ >= 4;
   auto stmt = db_.prepare(
-      "SELECT r.name, r.config_format, r.config, r.created_ms, s.state, s.seq FROM runs r "
-      "LEFT JOIN snapshots s ON s.run = r.name ORDER BY r.created_ms, r.name");
+      std::string("SELECT r.name, r.config_format, r.config, r.created_ms, s.state, s.seq, ") +
+      (sums ? "r.sum, s.chain, s.sum" : "NULL, NULL, NULL") +
+      " FROM runs r LEFT JOIN snapshots s ON s.run = r.name ORDER BY r.created_ms, r.name");
   if (!stmt) return tl::unexpected(stmt.error());
   std::vector<SavedRun> runs;
   while (true) {
@@ -342,22 +548,45 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
     r.config_format = stmt->text(1);
     r.config_text = stmt->text(2);
     r.created_ms = stmt->int64(3);
+    if (!stmt->is_null(6) &&
+        stmt->int64(6) != as_int(config_sum(r.name, r.config_format, r.config_text))) {
+      return failed_precondition(path_ + ": the config of run " + r.name +
+                                 " fails its checksum: the database was changed or damaged. "
+                                 "traincoord refuses to guess; restore the data dir from a "
+                                 "backup, or move it away to start afresh");
+    }
+    uint64_t chain = 0;
     if (!stmt->is_null(4)) {
       r.snapshot = stmt->blob(4);
       r.snapshot_seq = stmt->int64(5);
+      if (!stmt->is_null(8)) {
+        chain = static_cast<uint64_t>(stmt->int64(7));
+        if (stmt->int64(8) != as_int(snapshot_sum(chain, r.snapshot_seq, *r.snapshot))) {
+          return failed_precondition(path_ + ": the snapshot of run " + r.name + " (as of log row " +
+                                     std::to_string(r.snapshot_seq) +
+                                     ") fails its checksum: the database was changed or damaged. "
+                                     "traincoord refuses to guess; restore the data dir from a "
+                                     "backup, or move it away to start afresh");
+        }
+      }
     }
+    snapshot_chain_[r.name] = chain;
     last_seq_[r.name] = r.snapshot_seq;
     runs.push_back(std::move(r));
   }
   return runs;
 }
 
-Result<void> Store::for_each_record(const std::function<void(const Record&)>& fn) {
+Result<void> Store::for_each_record(const std::function<Result<void>(const Record&)>& fn) {
   const char* sql =
       schema_ == 1
           ? "SELECT l.seq, l.run, l.time_ms, l.kind, l.target, l.body FROM log l "
             "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY l.seq"
-          : "SELECT l.seq, l.run, l.records FROM log l "
+      : schema_ < 4
+          ? "SELECT l.seq, l.run, l.records, NULL, l.time_ms FROM log l "
+            "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY "
+            "l.seq"
+          : "SELECT l.seq, l.run, l.records, l.sum, l.time_ms FROM log l "
             "LEFT JOIN snapshots s ON s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY "
             "l.seq";
   auto stmt = db_.prepare(sql);
@@ -365,7 +594,18 @@ Result<void> Store::for_each_record(const std::function<void(const Record&)>& fn
   Record r;
   auto each = [&](const Record& rec) {
     records_since_snapshot_[rec.run] += 1;
-    fn(rec);
+    return fn(rec);
+  };
+  // Each run's chain, from its snapshot: a row whose sum does not follow from the one before
+  // was changed, or a row before it is missing (or a snapshot is older than its log).
+  std::map<std::string, uint64_t, std::less<>> chain(snapshot_chain_.begin(),
+                                                     snapshot_chain_.end());
+  auto damaged = [&](const std::string& what) {
+    return failed_precondition(path_ + ": log row " + std::to_string(r.seq) + " of run " + r.run +
+                               " " + what +
+                               ": the database was changed or damaged, or lost a row. "
+                               "traincoord refuses to rebuild state from it; restore the data "
+                               "dir from a backup, or move it away to start afresh");
   };
   while (true) {
     auto row = stmt->step();
@@ -374,16 +614,28 @@ Result<void> Store::for_each_record(const std::function<void(const Record&)>& fn
     r.seq = stmt->int64(0);
     r.run = stmt->text(1);
     last_seq_[r.run] = r.seq;
+    Result<void> stopped;
     if (schema_ == 1) {
       r.time = stmt->int64(2);
       r.kind = static_cast<RecordKind>(stmt->int64(3));
+      r.outcome = kOutcomeUnknown;
       r.target = stmt->text(4);
       r.body = stmt->text(5);
-      each(r);
-    } else if (!decode_records(stmt->blob(2), &r, each)) {
-      return failed_precondition(path_ + ": log row " + std::to_string(r.seq) + " of run " + r.run +
-                                 " is damaged");
+      stopped = each(r);
+    } else {
+      const std::string records = stmt->blob(2);
+      const bool checked = !stmt->is_null(3);
+      if (checked) {
+        uint64_t& before = chain[r.run];
+        const uint64_t sum = row_sum(before, r.seq, r.run, stmt->int64(4), records);
+        if (as_int(sum) != stmt->int64(3)) return damaged("fails its checksum");
+        before = sum;
+      } else {
+        chain[r.run] = 0;  // schema 3's rows carry no sum; the next schema 4 row starts at 0
+      }
+      if (!decode_records(records, checked, &r, &stopped, each)) return damaged("is malformed");
     }
+    if (!stopped) return stopped;
   }
 }
 
@@ -405,14 +657,14 @@ void Store::add_run(const std::string& name, std::string_view format, std::strin
 // Encoded straight into the run's row of the next commit: a record costs one append, not a
 // copy of its target and body kept until take().
 void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
-                       std::string_view body) {
+                       std::string_view body, int outcome) {
   auto log = std::find_if(pending_log_.begin(), pending_log_.end(),
                           [&](const PendingLog& l) { return l.run == run; });
   if (log == pending_log_.end()) {
     log = pending_log_.insert(pending_log_.end(), PendingLog{std::string(run), {}, 0, 0});
     if (!touched_.contains(run)) touched_.emplace(run);
   }
-  encode_record(&log->records, kind, time, target, body);
+  encode_record(&log->records, kind, time, target, body, outcome);
   log->time = time;
   log->count += 1;
 }
@@ -467,7 +719,9 @@ void Store::take_run_state(const Run& run, StoreBatch* batch) {
 
 void Store::take_snapshot(const Run& run, TimeMs now, StoreBatch* batch) {
   const std::string& name = run.config().name;
-  batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(run)});
+  const auto chain = chain_.find(name);
+  batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(run),
+                              chain == chain_.end() ? 0 : chain->second});
   records_since_snapshot_[name] = 0;
 }
 
@@ -477,7 +731,9 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
   pending_runs_.clear();
   // One log row per run: its records of this commit, in order (runs replay independently).
   for (PendingLog& log : pending_log_) {
-    StoreBatch::LogRow row{next_seq_++, std::move(log.run), log.time, std::move(log.records)};
+    StoreBatch::LogRow row{next_seq_++, std::move(log.run), log.time, std::move(log.records), 0};
+    uint64_t& chain = chain_[row.run];
+    row.sum = chain = row_sum(chain, row.seq, row.run, row.time, row.records);
     last_seq_[row.run] = row.seq;
     records_since_snapshot_[row.run] += log.count;
     batch.log.push_back(std::move(row));
@@ -500,20 +756,25 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
 }
 
 Result<void> Store::write(const StoreBatch& batch) {
+  last_write_full_ = false;
   if (batch.empty()) return {};
-  if (auto r = begin_.run(); !r) return r;
   auto rollback = [&](Error e) -> Result<void> {
+    // SQLITE_FULL: a write found no space (ENOSPC); nothing of the batch is kept, and it may
+    // be written again later. Anything else (an fsync error above all) is not retried.
+    last_write_full_ = sqlite3_errcode(db_.raw()) == SQLITE_FULL;
     (void)db_.exec("ROLLBACK");
     return tl::unexpected(std::move(e));
   };
+  if (auto r = begin_.run(); !r) return rollback(r.error());
   for (const StoreBatch::NewRun& p : batch.runs) {
     insert_run_.bind(1, p.name).bind(2, p.format).bind(3, p.text).bind(4, p.created);
+    insert_run_.bind(5, as_int(config_sum(p.name, p.format, p.text)));
     if (auto r = insert_run_.run(); !r) return rollback(r.error());
   }
   // (bind_ref: the batch outlives each statement's run)
   for (const StoreBatch::LogRow& row : batch.log) {
     insert_record_.bind(1, row.seq).bind_ref(2, row.run).bind(3, row.time);
-    insert_record_.bind_blob_ref(4, row.records);
+    insert_record_.bind_blob_ref(4, row.records).bind(5, as_int(row.sum));
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
   }
   for (const StoreBatch::CompletionBatch& c : batch.completions) {
@@ -538,7 +799,8 @@ Result<void> Store::write(const StoreBatch& batch) {
   }
   for (const StoreBatch::SnapshotRow& snap : batch.snapshots) {
     upsert_snapshot_.bind(1, snap.run).bind(2, snap.seq).bind(3, snap.time);
-    upsert_snapshot_.bind_blob(4, snap.state);
+    upsert_snapshot_.bind_blob(4, snap.state).bind(5, as_int(snap.chain));
+    upsert_snapshot_.bind(6, as_int(snapshot_sum(snap.chain, snap.seq, snap.state)));
     if (auto r = upsert_snapshot_.run(); !r) return rollback(r.error());
   }
   // The log rows a snapshot covers are never read again (a restart replays only those after
@@ -554,6 +816,7 @@ Result<void> Store::write(const StoreBatch& batch) {
     trimmed.push_back(trim_[i]);
   }
   if (auto r = commit_.run(); !r) return rollback(r.error());
+  if (!batch.log.empty()) write_head(batch.log.back().seq);
   trim_.erase(trim_.begin(), trim_.begin() + static_cast<std::ptrdiff_t>(trimmed.size()));
   for (const StoreBatch::LogRow& row : batch.log) untrimmed_[row.run].push_back(row.seq);
   for (const StoreBatch::SnapshotRow& snap : batch.snapshots) covered(snap.run, snap.seq);
@@ -605,9 +868,11 @@ Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
 
 Result<void> Store::replace_config(const Run& run, std::string_view format, std::string_view text,
                                    TimeMs now) {
-  auto stmt = db_.prepare("UPDATE runs SET config_format = ?, config = ? WHERE name = ?");
+  auto stmt =
+      db_.prepare("UPDATE runs SET config_format = ?, config = ?, sum = ? WHERE name = ?");
   if (!stmt) return tl::unexpected(stmt.error());
-  stmt->bind(1, format).bind(2, text).bind(3, run.config().name);
+  stmt->bind(1, format).bind(2, text);
+  stmt->bind(3, as_int(config_sum(run.config().name, format, text))).bind(4, run.config().name);
   if (auto r = stmt->run(); !r) return r;
   return snapshot(run, now);
 }

@@ -41,17 +41,25 @@ struct StoreOptions {
   Durability durability = Durability::kFsync;
   bool read_only = false;             // for `traincoord inspect`: nothing is written
   uint64_t snapshot_every = 100'000;  // log records of a run between two snapshots
+  // Below this much free space on the data dir's disk, the server takes no new work (503) and
+  // open() refuses to start: what was accepted always has room to be written.
+  uint64_t min_free_bytes = 64ull << 20;
 };
 
 enum class RecordKind : int { kRequest = 1, kExpire = 2 };
+
+// A record's outcome: the HTTP status its request was answered with, or one of these.
+constexpr int kOutcomeParked = 0;      // an acquire parked (long poll); answered later
+constexpr int kOutcomeUnknown = -1;    // written by schema 3 or older, which kept no outcome
 
 struct Record {
   int64_t seq = 0;
   std::string run;
   TimeMs time = 0;
   RecordKind kind = RecordKind::kRequest;
-  std::string target;  // kRequest: the POST's target
-  std::string body;    // kRequest: its body
+  int outcome = kOutcomeUnknown;  // kRequest: what it was answered (replay must answer the same)
+  std::string target;             // kRequest: the POST's target
+  std::string body;               // kRequest: its body
 };
 
 struct SavedRun {
@@ -90,6 +98,7 @@ struct StoreBatch {
     std::string run;
     TimeMs time;
     std::string records;
+    uint64_t sum;  // the run's checksum chain, through this row (row_sum in store.cc)
   };
   struct EpochRow {
     std::string run, set;
@@ -112,6 +121,7 @@ struct StoreBatch {
     int64_t seq;  // the last log row it covers
     TimeMs time;
     std::string state;
+    uint64_t chain;  // the run's checksum chain at `seq` (the next row goes on from it)
   };
   std::vector<NewRun> runs;
   std::vector<LogRow> log;
@@ -129,13 +139,32 @@ struct StoreBatch {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
   static constexpr const char* kFileName = "traincoord.db";
+  // Held (flock) by the one process that writes the data dir; holds its pid.
+  static constexpr const char* kLockFileName = "traincoord.lock";
+  // The number of the last log row committed, written after each commit (no fsync): a
+  // database that holds less at the next start lost commits (a deleted -wal file, a disk that
+  // dropped writes), and the start says so.
+  static constexpr const char* kHeadFileName = "traincoord.head";
 
   // Opens DIR/traincoord.db, creating DIR and the database on first use. Refuses, without
   // touching it, a file that is corrupt, not a traincoord database, or written by a newer
-  // version; the message says which and what to do.
+  // version; the message says which and what to do. Read-write, it also refuses a data dir
+  // another process holds (the lock file), a read-only one, and one on a disk with less than
+  // min_free_bytes free.
   static Result<std::unique_ptr<Store>> open(const StoreOptions& options);
+  ~Store();
+
+  // What open() found that the operator must hear of (lost commits), once.
+  std::vector<std::string> take_notices() { return std::move(notices_); }
+  // Free bytes on the data dir's disk, and whether that is below min_free_bytes.
+  uint64_t free_bytes() const;
+  bool low_on_disk() const { return free_bytes() < options_.min_free_bytes; }
+  uint64_t min_free_bytes() const { return options_.min_free_bytes; }
+  // Whether the last write() failed for want of space (SQLITE_FULL): nothing of it was
+  // written, and the same batch may be written again once there is room.
+  bool last_write_was_full() const { return last_write_full_; }
 
   const std::string& path() const { return path_; }
   // Checkpoints of the WAL done so far (on the checkpointer's thread; for tests).
@@ -146,8 +175,10 @@ class Store {
 
   // The saved runs, with their latest snapshot.
   Result<std::vector<SavedRun>> saved_runs();
-  // Calls `fn` for every record not covered by its run's snapshot, in the order written.
-  Result<void> for_each_record(const std::function<void(const Record&)>& fn);
+  // Calls `fn` for every record not covered by its run's snapshot, in the order written,
+  // checking each log row's checksum chain first; stops at the first error (a damaged or
+  // missing row, or one `fn` returns).
+  Result<void> for_each_record(const std::function<Result<void>(const Record&)>& fn);
   // The latest time recorded anywhere (0 for a new store).
   Result<TimeMs> latest_time();
 
@@ -155,7 +186,7 @@ class Store {
   void add_run(const std::string& name, std::string_view format, std::string_view text,
                TimeMs created);
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
-                  std::string_view body);
+                  std::string_view body, int outcome);
   void add_completion(const CompletionRow& row);
   bool has_pending() const { return !pending_runs_.empty() || !pending_log_.empty(); }
 
@@ -180,6 +211,9 @@ class Store {
  private:
   Store(StoreOptions options, std::string path, sqlite::Db db)
       : options_(std::move(options)), path_(std::move(path)), db_(std::move(db)) {}
+  Result<void> load_chains();
+  Result<void> check_head();
+  void write_head(int64_t seq);
   Result<void> prepare_statements();
   void take_run_state(const Run& run, StoreBatch* batch);
   void take_snapshot(const Run& run, TimeMs now, StoreBatch* batch);
@@ -208,6 +242,13 @@ class Store {
   std::set<std::string, std::less<>> touched_;
   std::map<std::string, uint64_t> records_since_snapshot_;
   std::map<std::string, int64_t> last_seq_;
+  std::map<std::string, uint64_t, std::less<>> chain_;  // per run: the checksum chain so far
+  std::map<std::string, uint64_t> snapshot_chain_;      // saved_runs(): where replay starts
+  std::vector<std::string> notices_;
+  int lock_fd_ = -1;  // the lock file, held while open (read-write)
+  int head_fd_ = -1;
+  int64_t head_written_ = 0;
+  bool last_write_full_ = false;
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
   int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
   int64_t next_seq_ = 1;         // the next log row's number
