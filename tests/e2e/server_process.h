@@ -32,12 +32,17 @@ class ServerProcess {
  public:
   // Starts `traincoord serve ARGS --listen 127.0.0.1:PORT` (PORT 0: any free port) and waits
   // until it says where it listens. Returns null (after printing why) when it does not start.
+  // `wrapper`: a command that runs the server (e.g. in a namespace of its own; it must exec
+  // it, so that the pid is the server's).
   static std::unique_ptr<ServerProcess> start(const std::vector<std::string>& args,
                                               uint16_t port = 0,
-                                              const std::string& binary = TRAINCOORD_BIN) {
+                                              const std::string& binary = TRAINCOORD_BIN,
+                                              const std::vector<std::string>& wrapper = {}) {
     int out[2];
     if (pipe(out) != 0) return nullptr;
-    std::vector<std::string> argv = {binary, "serve"};
+    std::vector<std::string> argv = wrapper;
+    argv.push_back(binary);
+    argv.push_back("serve");
     argv.insert(argv.end(), args.begin(), args.end());
     argv.push_back("--listen");
     argv.push_back("127.0.0.1:" + std::to_string(port));
@@ -49,7 +54,7 @@ class ServerProcess {
       std::vector<char*> cargv;
       for (auto& a : argv) cargv.push_back(a.data());
       cargv.push_back(nullptr);
-      execv(cargv[0], cargv.data());
+      execvp(cargv[0], cargv.data());
       _exit(127);
     }
     close(out[1]);
@@ -77,6 +82,7 @@ class ServerProcess {
   }
 
   uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
   // https:// when the server said it serves TLS.
   std::string url() const {
     return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
