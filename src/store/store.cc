@@ -481,7 +481,7 @@ Result<void> Store::check_head() {
   } else if (n != 0) {
     notices_.push_back(head_path + " is not a head file; it was ignored and will be rewritten");
   }
-  head_written_ = 0;
+  head_written_ = -1;  // (written even when the database holds no row: the head may lead it)
   write_head(held);
   return {};
 }

@@ -158,6 +158,41 @@ TEST(DurabilityE2E, ASecondServerOnTheSameDataDirIsRefused) {
   EXPECT_EQ(status, 0) << inspected;
 }
 
+// Item 5, as it was found: the -wal file deleted (here after a kill -9; under a running server
+// it is the same once the server dies) loses the commits it held; the next start says so.
+TEST(DurabilityE2E, LostCommitsAreReportedAtTheNextStart) {
+  TempDir dir;
+  const std::string config = dir.write("d.toml", kRun);
+  const std::string data = dir.path() + "/data";
+  const std::vector<std::string> args = {"--config", config, "--data-dir", data};
+  const std::vector<std::string> with_stderr = {"sh", "-c", "exec \"$@\" 2>&1", "sh"};
+  {
+    auto server = ServerProcess::start(args);
+    ASSERT_NE(server, nullptr);
+    const uint16_t port = server->port();
+    ASSERT_EQ(request(port, "POST", "/v1/runs/d/workers", R"({"name": "w0"})"), 200);
+    for (int lease = 1; lease <= 4; ++lease) {
+      ASSERT_EQ(request(port, "POST", "/v1/runs/d/acquire", R"({"worker": 0})"), 200);
+      ASSERT_EQ(request(port, "POST", "/v1/runs/d/complete",
+                        R"({"worker": 0, "lease": )" + std::to_string(lease) +
+                            R"(, "loss": 1, "samples": 1})"),
+                200);
+    }
+    server->kill(SIGKILL);  // (a few commits: far from the WAL's first checkpoint)
+  }
+  std::filesystem::remove(data + "/traincoord.db-wal");
+  std::filesystem::remove(data + "/traincoord.db-shm");
+  {
+    auto server = ServerProcess::start(args, 0, TRAINCOORD_BIN, with_stderr);
+    ASSERT_NE(server, nullptr);
+    EXPECT_NE(server->output().find("lost commits"), std::string::npos) << server->output();
+    server->kill(SIGTERM);
+  }
+  auto server = ServerProcess::start(args, 0, TRAINCOORD_BIN, with_stderr);  // said once
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->output().find("lost commits"), std::string::npos) << server->output();
+}
+
 // Whether this machine lets the test mount a tmpfs in a namespace of its own.
 bool can_mount_tmpfs(std::string* why) {
   TempDir probe;
