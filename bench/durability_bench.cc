@@ -21,7 +21,8 @@
 #include "../tests/e2e/server_process.h"
 #include "config/config_file.h"
 #include "server/api.h"
-#include "server/journal.h"
+#include "server/coordinator.h"
+#include "server/restore.h"
 #include "store/store.h"
 #include "traincoord/client.h"
 
@@ -80,7 +81,7 @@ void write_history(const std::string& dir, uint64_t jobs) {
   clock.go_live(0);
   Engine engine(clock);
   Api api(engine, clock);
-  StoreObserver observer(*store);
+  JournalObserver observer(*store);
   api.set_observer(&observer);
   (void)engine.create_run(*parse_run_config(kRun, "bench"));
   store->add_run("bench", "toml", kRun, 0);

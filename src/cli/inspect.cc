@@ -5,7 +5,8 @@
 #include "cli/commands.h"
 #include "core/engine.h"
 #include "server/api.h"
-#include "server/journal.h"
+#include "server/coordinator.h"
+#include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
 

@@ -15,7 +15,8 @@
 #include "core/run_codec.h"
 #include "server/auth.h"
 #include "server/http_server.h"
-#include "server/journal.h"
+#include "server/coordinator.h"
+#include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
 

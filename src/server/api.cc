@@ -886,7 +886,17 @@ std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out)
   if (!idle || (*run)->event_seq() != events) effect_ = Effect::kChanged;
   const bool epoch_opened = (*run)->epochs().size() != parked.epochs_opened;
   if (a->status == AcquireStatus::kWait && !timed_out && !epoch_opened) return std::nullopt;
-  return acquired_reply(**run, parked, *a, clock_.now());
+  HttpReply reply = acquired_reply(**run, parked, *a, clock_.now());
+  retried_as_acquire_.clear();
+  if (effect_ == Effect::kChanged && (parked.completed || parked.outcomes)) {
+    // The journal keeps this retry as a plain acquire (its completions were kept with the
+    // request that parked): what that acquire answers is the reply without the outcomes.
+    ParkedAcquire plain = parked;
+    plain.completed.reset();
+    plain.outcomes.reset();
+    retried_as_acquire_ = acquired_reply(**run, plain, *a, clock_.now()).body;
+  }
+  return reply;
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {

@@ -95,6 +95,9 @@ class Api {
 
   // What the last handle() or retry() did to its run's state (see Effect).
   Effect effect() const { return effect_; }
+  // After a retry() that changed state and answered a parked complete + next: the reply that
+  // retry would have had as a plain acquire, which is how the journal keeps it. Else empty.
+  const std::string& retried_as_acquire() const { return retried_as_acquire_; }
 
   // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
   static std::string_view run_of(std::string_view target);
@@ -128,6 +131,7 @@ class Api {
   ApiObserver* observer_ = nullptr;
   ApiLimits limits_;
   Effect effect_ = Effect::kNone;
+  std::string retried_as_acquire_;
   // Set by an acquire that found nothing and left its worker's request bookkeeping as it was:
   // unless an event was emitted on the way, it changed nothing.
   bool idle_acquire_ = false;

@@ -5,10 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "server/journal.h"
+#include "server/coordinator.h"
 #include "server/metrics.h"
 #include "server/request_framing.h"
-#include "server/web_assets.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -36,35 +35,17 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-// A request on its way to the engine thread, and the way back to its connection.
-struct Call {
-  HttpRequest request;
-  std::function<void(HttpReply)> respond;
-  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
-};
-
-std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
-
 }  // namespace
 
 class HttpServer::Impl {
  public:
-  // A reply on its way out.
-  struct Outgoing {
-    std::function<void(HttpReply)> respond;
-    HttpReply reply;
-    std::string_view endpoint;  // a literal from Api::endpoint_of
-    std::chrono::steady_clock::time_point received;
-  };
-
-  Impl(Engine& engine, ServerClock& clock, Store* store, ServerOptions options)
-      : engine_(engine),
-        api_(engine, clock, options.limits),
+  Impl(Engine& engine, ServerClock& clock, Journal* journal, ServerOptions options)
+      : coordinator_(engine, clock, journal,
+                     CoordinatorOptions{options.limits, options.auth, kTickMs}),
         clock_(clock),
-        store_(store),
-        observer_(store ? std::make_unique<StoreObserver>(*store) : nullptr),
+        journal_(journal),
         options_(std::move(options)) {
-    api_.set_observer(observer_.get());
+    coordinator_.set_transport_metrics([this](std::string& out) { server_metrics(out); });
     const int n = std::max(1, options_.io_threads);
     for (int i = 0; i < n; ++i) {
       ios_.push_back(std::make_unique<asio::io_context>(1));
@@ -96,8 +77,7 @@ class HttpServer::Impl {
                                             std::to_string(options_.port) + ": " + ec.message());
     }
     const uint16_t port = acceptor_->local_endpoint().port();
-    last_tick_ = clock_.now();
-    if (store_) store_thread_ = std::thread([this] { store_loop(); });
+    if (journal_) store_thread_ = std::thread([this] { store_loop(); });
     if (inline_engine_) {
       tick_.emplace(*ios_[0]);
       asio::post(*ios_[0], [this] { arm_tick(); });
@@ -251,33 +231,9 @@ class HttpServer::Impl {
     return ctx;
   }
 
-  struct Parked {
-    ParkedAcquire acquire;
-    std::function<void(HttpReply)> respond;
-    std::string_view endpoint;
-    std::chrono::steady_clock::time_point received;
-  };
-
-  // GET /metrics and the dashboard's files: nothing to log, nothing to commit.
-  HttpReply serve_get(const HttpRequest& request) {
-    const std::string_view path = path_of(request.target);
-    if (path == "/metrics") {
-      HttpReply r{200,
-                  api_.metrics_text() + server_metrics(),
-                  {},
-                  "text/plain; version=0.0.4; charset=utf-8"};
-      return r;
-    }
-    if (const WebAsset* asset = find_web_asset(path)) {
-      return HttpReply{
-          200, std::string(asset->body), {}, std::string(asset->content_type) + "; charset=utf-8"};
-    }
-    return error_reply(404, "not_found", "no endpoint at " + request.target + " (see docs/API.md)");
-  }
-
-  std::string server_metrics() {
+  // The transport's series of GET /metrics (the coordinator adds its own and the journal's).
+  void server_metrics(std::string& out) {
     std::lock_guard lock(metrics_mu_);
-    std::string out;
     out +=
         "# HELP traincoord_http_requests_total Requests answered, by endpoint and status.\n"
         "# TYPE traincoord_http_requests_total counter\n";
@@ -310,25 +266,6 @@ class HttpServer::Impl {
         "# HELP traincoord_store_commit_batch_requests Requests answered per commit.\n"
         "# TYPE traincoord_store_commit_batch_requests histogram\n";
     commit_batch_.write(out, "traincoord_store_commit_batch_requests", "");
-    if (store_) {
-      out +=
-          "# HELP traincoord_store_checkpoints_total Passes copying the WAL into the database, "
-          "on the checkpointer's thread.\n"
-          "# TYPE traincoord_store_checkpoints_total counter\n"
-          "traincoord_store_checkpoints_total " +
-          std::to_string(store_->checkpoints()) +
-          "\n# HELP traincoord_store_wal_restarts_total Times the WAL was started over from its "
-          "beginning (it stays bounded).\n"
-          "# TYPE traincoord_store_wal_restarts_total counter\n"
-          "traincoord_store_wal_restarts_total " +
-          std::to_string(store_->checkpoint_restarts()) +
-          "\n# HELP traincoord_store_checkpoint_failures_total Checkpoints that failed (nothing "
-          "is lost: the WAL keeps every commit until one succeeds).\n"
-          "# TYPE traincoord_store_checkpoint_failures_total counter\n"
-          "traincoord_store_checkpoint_failures_total " +
-          std::to_string(store_->checkpoint_failures()) + "\n";
-    }
-    return out;
   }
 
   // The engine thread: takes every queued request at once, answers them in order, gives the
@@ -339,7 +276,7 @@ class HttpServer::Impl {
     while (true) {
       {
         std::unique_lock lock(queue_mu_);
-        queue_cv_.wait_for(lock, std::chrono::milliseconds(next_wakeup_ms(kTickMs)),
+        queue_cv_.wait_for(lock, std::chrono::milliseconds(coordinator_.next_wakeup_ms()),
                            [this] { return !queue_.empty() || stopping_; });
         if (stopping_) return;
         batch.swap(queue_);
@@ -352,7 +289,7 @@ class HttpServer::Impl {
   // when no request does. Re-armed only when the next deadline moved earlier.
   void arm_tick() {
     const auto at =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(next_wakeup_ms(kTickMs));
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(coordinator_.next_wakeup_ms());
     if (tick_armed_ && tick_->expiry() <= at) return;
     tick_armed_ = true;
     tick_->expires_at(at);
@@ -365,115 +302,26 @@ class HttpServer::Impl {
     });
   }
 
-  // Answers a batch of requests (see engine_loop) and runs the tick when it is due.
+  // Answers a batch of requests (see engine_loop) and runs the tick when it is due; the wave's
+  // replies go out once its writes are durable.
   void process(std::vector<Call>& batch) {
-    {
-      const bool disk_full = disk_full_.load(std::memory_order_relaxed);
-      if (disk_full != clock_.frozen()) on_disk_full(disk_full);
-      std::vector<std::string_view> touched;  // views into the batch's targets
-      for (Call& call : batch) {
-        const std::string_view endpoint =
-            Api::endpoint_of(call.request.method, call.request.target);
-        if (options_.auth) {
-          // Refused before anything happens: nothing to log, nothing changed.
-          if (auto refused = options_.auth->check(call.request.method, call.request.target,
-                                                  call.request.authorization)) {
-            outbox_.push_back(
-                {std::move(call.respond), std::move(*refused), endpoint, call.received});
-            continue;
-          }
+    Wave wave = coordinator_.step(batch, disk_full_.load(std::memory_order_relaxed));
+    for (const std::string& notice : wave.notices) {
+      std::fprintf(stderr, "traincoord: %s\n", notice.c_str());
+    }
+    if (journal_) {
+      // Nothing is answered before it is durable: the replies go with the wave's writes to
+      // the store thread, which sends them once the writes are committed. Meanwhile the
+      // engine answers the next wave (pipelined; see store_loop).
+      if (!wave.empty()) {
+        {
+          std::lock_guard lock(store_mu_);
+          store_queue_.push_back(std::move(wave));
         }
-        if (call.request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
-          outbox_.push_back(
-              {std::move(call.respond), serve_get(call.request), endpoint, call.received});
-          continue;
-        }
-        if (disk_full && call.request.method != "GET") {
-          // Nothing new is taken while the disk is full; what was accepted is written first
-          // (the store thread retries it), reads go on.
-          outbox_.push_back({std::move(call.respond), disk_full_reply(), endpoint, call.received});
-          continue;
-        }
-        const TimeMs t = clock_.hold();
-        auto result = api_.handle(call.request);
-        clock_.release();
-        const std::string_view run = Api::run_of(call.request.target);
-        if (call.request.method != "GET" && !run.empty()) {
-          // The journal keeps what changed state, with how it was answered; nothing of a
-          // request that changed nothing (docs/DURABILITY.md).
-          const auto* reply = std::get_if<HttpReply>(&result);
-          switch (api_.effect()) {
-            case Effect::kNone:
-              break;
-            case Effect::kChanged:
-              record_request(run, t, call.request.target, call.request.body,
-                             reply ? reply->status : kOutcomeParked);
-              touched.push_back(run);
-              break;
-            case Effect::kExpiredOnly:
-              if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
-              touched.push_back(run);
-              break;
-          }
-        }
-        if (auto* reply = std::get_if<HttpReply>(&result)) {
-          if (options_.auth && endpoint == "create_run" && reply->status == 201) {
-            for (const Run* run : engine_.runs())
-              (void)options_.auth->worker_token(run->config().name);
-          }
-          outbox_.push_back({std::move(call.respond), std::move(*reply), endpoint, call.received});
-        } else {
-          auto& acquire = std::get<ParkedAcquire>(result);
-          parked_[acquire.run].push_back(
-              Parked{std::move(acquire), std::move(call.respond), endpoint, call.received});
-        }
+        store_cv_.notify_one();
       }
-      const TimeMs now = clock_.now();
-      if (clock_.pauses() != pauses_seen_) {
-        pauses_seen_ = clock_.pauses();
-        std::fprintf(stderr,
-                     "traincoord: the coordinator did not run for a while (stopped or stalled); "
-                     "%.3f s in all not counted against leases\n",
-                     static_cast<double>(clock_.skipped_ms()) / 1000.0);
-      }
-      if (disk_full) {
-        // No tick: leases do not expire and parked acquires do not wait (their clock stands).
-      } else if (now - last_tick_ >= kTickMs) {
-        last_tick_ = now;
-        const TimeMs t = clock_.hold();
-        const std::vector<std::string> expired = api_.expire_leases();
-        clock_.release();
-        for (const std::string& run : expired) {
-          if (store_) store_->add_record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown);
-        }
-        for (auto& [run, queue] : parked_) serve_parked(queue, now);
-      } else {
-        std::sort(touched.begin(), touched.end());
-        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-        for (const std::string_view run : touched) {
-          auto it = parked_.find(run);
-          if (it != parked_.end()) serve_parked(it->second, now);
-        }
-      }
-      std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
-      if (store_) {
-        // Nothing is answered before it is durable: the replies go with the wave's writes to
-        // the store thread, which sends them once the writes are committed. Meanwhile the
-        // engine answers the next wave (pipelined; see store_loop).
-        StoreBatch writes = store_->take(engine_, /*snapshots=*/true, clock_.now());
-        if (!writes.empty() || !outbox_.empty()) {
-          {
-            std::lock_guard lock(store_mu_);
-            store_queue_.push_back({std::move(writes), std::move(outbox_)});
-          }
-          store_cv_.notify_one();
-        }
-        outbox_.clear();
-      } else {
-        send(outbox_);
-        outbox_.clear();
-      }
-      batch.clear();  // (only now: `touched` viewed its targets)
+    } else {
+      send(wave.replies);
     }
   }
 
@@ -484,10 +332,10 @@ class HttpServer::Impl {
       std::lock_guard lock(metrics_mu_);
       for (const Outgoing& o : replies) {
         requests_[{o.endpoint, o.reply.status}] += 1;
-        request_latency_.observe(std::chrono::duration<double>(sent - o.received).count());
+        request_latency_.observe(std::chrono::duration<double>(sent - o.to.received).count());
       }
     }
-    for (Outgoing& o : replies) o.respond(std::move(o.reply));  // (posted to the connection)
+    for (Outgoing& o : replies) o.to.respond(std::move(o.reply));  // (posted to the connection)
   }
 
   // The store thread: writes the waves the engine handed it, in order, all those waiting in one
@@ -496,7 +344,7 @@ class HttpServer::Impl {
   // with bench/loadgen (64 workers, one job per request), 19-23k -> 30-33k job cycles/s with
   // durability "os", 19-21k -> 28k with "fsync" (docs/PERFORMANCE.md).
   void store_loop() {
-    std::deque<Committing> work;
+    std::deque<Wave> work;
     auto checked = std::chrono::steady_clock::now();
     while (true) {
       {
@@ -516,24 +364,29 @@ class HttpServer::Impl {
       const auto now = std::chrono::steady_clock::now();
       if (now - checked >= std::chrono::milliseconds(100) || disk_full_.load()) {
         checked = now;
-        const bool low = store_->low_on_disk();
+        const bool low = journal_->low_on_room();
         disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
       }
-      StoreBatch all;
+      // All waiting waves in one write: the first wave's batch takes the others'.
+      std::unique_ptr<JournalBatch> all;
       size_t requests = 0;
-      for (Committing& c : work) {
-        all.append(std::move(c.writes));
-        requests += c.replies.size();
+      for (Wave& w : work) {
+        if (!all) {
+          all = std::move(w.writes);
+        } else if (w.writes) {
+          all->append(std::move(*w.writes));
+        }
+        requests += w.replies.size();
       }
       const auto start = std::chrono::steady_clock::now();
       while (true) {
-        auto r = store_->write(all);
+        auto r = all ? journal_->write(*all) : Result<void>{};
         if (r) break;
-        if (!store_->last_write_was_full()) {
+        if (!journal_->last_write_was_full()) {
           // A failed commit (an fsync error above all) cannot be retried safely: stop, and let
           // the restart recover from what is on disk.
           std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
-                       store_->path().c_str(), r.error().message.c_str());
+                       journal_->describe().c_str(), r.error().message.c_str());
           std::abort();
         }
         // No space even in the reserve (something else filled the disk): nothing of the batch
@@ -541,108 +394,24 @@ class HttpServer::Impl {
         // until there is room (or the server stops: then they were never answered).
         if (!disk_full_.exchange(true)) {
           std::fprintf(stderr, "traincoord: cannot write %s: the disk is full; retrying\n",
-                       store_->path().c_str());
+                       journal_->describe().c_str());
         }
         std::unique_lock lock(store_mu_);
         if (store_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return store_stopping_; })) {
           return;
         }
       }
-      if (!all.empty()) {
+      if (all && !all->empty()) {
         std::lock_guard lock(metrics_mu_);
         commit_latency_.observe(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         commit_batch_.observe(static_cast<double>(requests));
       }
-      for (Committing& c : work) send(c.replies);
+      for (Wave& w : work) send(w.replies);
       work.clear();
     }
   }
 
-  void record_request(std::string_view run, TimeMs t, std::string_view target,
-                      std::string_view body, int outcome) {
-    if (store_ && engine_.find(run)) {
-      store_->add_record(run, t, RecordKind::kRequest, target, body, outcome);
-    }
-  }
-
-  static HttpReply disk_full_reply() {
-    HttpReply r = error_reply(503, "disk_full",
-                              "the coordinator's disk is full: it takes no new work until there "
-                              "is room again (what it accepted is kept); retry later");
-    return r;
-  }
-
-  // The store thread found the disk full (or has room again): time stands still for the runs
-  // meanwhile, and parked acquires are answered at once (503: retry later).
-  void on_disk_full(bool full) {
-    if (full) {
-      clock_.freeze();
-      std::fprintf(stderr,
-                   "traincoord: the disk holding %s has less than %llu MiB free: taking no new "
-                   "work (503) until there is room; reads go on, leases do not expire\n",
-                   store_->path().c_str(),
-                   static_cast<unsigned long long>(store_->min_free_bytes() >> 20));
-      for (auto& [run, queue] : parked_) {
-        for (Parked& p : queue) {
-          outbox_.push_back({std::move(p.respond), disk_full_reply(), p.endpoint, p.received});
-        }
-      }
-      parked_.clear();
-    } else {
-      clock_.thaw();
-      std::fprintf(stderr, "traincoord: the disk has room again: taking work\n");
-    }
-  }
-
-  // Asks again for a parked acquire; the retry is an acquire of its own, and logged as one
-  // when it changed something (handed out jobs, or expired leases on its way): as an acquire
-  // without a wait, which replays to the reply it got (200; a "wait" when it found nothing).
-  std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out) {
-    const TimeMs t = clock_.hold();
-    auto reply = api_.retry(parked, timed_out);
-    clock_.release();
-    if (api_.effect() == Effect::kChanged) {
-      record_request(
-          parked.run, t, "/v1/runs/" + parked.run + "/acquire",
-          "{\"worker\":" + std::to_string(parked.worker) +
-              ",\"request\":" + std::to_string(parked.request) +
-              (parked.max_jobs > 0 ? ",\"jobs\":" + std::to_string(parked.max_jobs) : "") + "}",
-          reply ? reply->status : 200);
-    }
-    return reply;
-  }
-
-  // Answers parked acquires in arrival order while there is an answer; then times out those
-  // whose wait has run out.
-  void serve_parked(std::deque<Parked>& queue, TimeMs now) {
-    while (!queue.empty()) {
-      auto reply = retry(queue.front().acquire, false);
-      if (!reply) break;  // nothing for the first: nothing for the others either
-      outbox_.push_back({std::move(queue.front().respond), std::move(*reply),
-                         queue.front().endpoint, queue.front().received});
-      queue.pop_front();
-    }
-    for (auto it = queue.begin(); it != queue.end();) {
-      if (it->acquire.deadline <= now) {
-        outbox_.push_back(
-            {std::move(it->respond), *retry(it->acquire, true), it->endpoint, it->received});
-        it = queue.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  TimeMs next_wakeup_ms(TimeMs tick) const {
-    TimeMs wake = tick;
-    const TimeMs now = clock_.now();
-    for (const auto& [run, queue] : parked_) {
-      for (const Parked& p : queue)
-        wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
-    }
-    return wake;
-  }
 
  public:
   std::atomic<int64_t> connections_{0};
@@ -659,13 +428,10 @@ class HttpServer::Impl {
       {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
   Histogram commit_batch_{{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}};
 
-  Engine& engine_;
-  Api api_;
+  Coordinator coordinator_;  // engine thread only
   ServerClock& clock_;
-  Store* store_;
-  std::unique_ptr<StoreObserver> observer_;
+  Journal* journal_;
   ServerOptions options_;
-  std::vector<Outgoing> outbox_;  // engine thread only: replies waiting for the commit
 
   std::vector<std::unique_ptr<Sweeper>> sweepers_;  // one per I/O thread; outlives ios_'s handlers
   std::vector<std::unique_ptr<asio::io_context>> ios_;
@@ -677,8 +443,6 @@ class HttpServer::Impl {
   std::thread engine_thread_;
 
   static constexpr TimeMs kTickMs = 50;  // lease expiries and long-poll deadlines, this often
-  TimeMs last_tick_ = 0;                 // engine only
-  uint64_t pauses_seen_ = 0;             // engine only: clock_.pauses() when last reported
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
@@ -692,19 +456,13 @@ class HttpServer::Impl {
   std::optional<asio::steady_timer> tick_;
   bool tick_armed_ = false;
 
-  std::map<std::string, std::deque<Parked>, std::less<>> parked_;  // engine thread only
-
   // The store thread (durable modes): waves waiting to be written, with their replies.
-  struct Committing {
-    StoreBatch writes;
-    std::vector<Outgoing> replies;
-  };
   std::mutex store_mu_;
   std::condition_variable store_cv_;
   // Set by the store thread when the disk's free space is below the reserve (or a write found
   // it full); the engine then takes no new work (503) and its clock stands.
   std::atomic<bool> disk_full_{false};
-  std::deque<Committing> store_queue_;
+  std::deque<Wave> store_queue_;
   bool store_stopping_ = false;
   std::thread store_thread_;
 
@@ -875,11 +633,12 @@ class HttpServer::Impl::Session : public Deadlined,
       return;
     }
     Call call;
+    call.to.received = std::chrono::steady_clock::now();
     call.request.method = std::string(req.method_string());
     call.request.target = std::string(req.target());
     call.request.body = std::move(req.body());
     call.request.authorization = std::string(req[http::field::authorization]);
-    call.respond = [self = this->shared_from_this()](HttpReply reply) {
+    call.to.respond = [self = this->shared_from_this()](HttpReply reply) {
       asio::post(self->stream_.get_executor(),
                  [self, reply = std::move(reply)]() mutable { self->write(std::move(reply)); });
     };
@@ -991,8 +750,9 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
-HttpServer::HttpServer(Engine& engine, ServerClock& clock, Store* store, ServerOptions options)
-    : impl_(std::make_unique<Impl>(engine, clock, store, std::move(options))) {}
+HttpServer::HttpServer(Engine& engine, ServerClock& clock, Journal* journal,
+                       ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, clock, journal, std::move(options))) {}
 HttpServer::~HttpServer() = default;
 Result<uint16_t> HttpServer::start() { return impl_->start(); }
 void HttpServer::wait() { impl_->wait(); }

@@ -1,9 +1,10 @@
 // The coordinator on the network: HTTP/1.1 (keep-alive, pipelined requests answered in order)
-// with Boost.Beast, optionally TLS. I/O threads parse requests and hand them to the engine
-// thread, which owns the Engine (no lock inside it), answers them in batches, and parks
-// long-polling acquires until there is work or their wait runs out. With one I/O thread (the
-// default) that thread is the engine thread too; with several, the engine has its own and
-// takes requests through one queue.
+// with Boost.Beast, optionally TLS: transport only. I/O threads parse requests and hand them to
+// the engine thread, which steps the Coordinator (server/coordinator.h: it owns the Engine, no
+// lock inside it) with every request waiting, and hands each wave to the commit thread, which
+// writes it to the journal and only then sends its replies. With one I/O thread (the default)
+// that thread is the engine thread too; with several, the engine has its own and takes
+// requests through one queue.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,7 @@
 #include "server/api.h"
 #include "server/auth.h"
 #include "server/server_clock.h"
-#include "store/store.h"
+#include "journal/journal.h"
 
 namespace traincoord {
 
@@ -46,12 +47,13 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // REQUIRES: `engine`, `clock` (the engine's clock) and `store` outlive the server. From
-  // start() on, only the server's engine thread touches the engine, the clock and the store:
-  // the I/O thread itself when there is one (io_threads == 1), else a thread of its own.
-  // With a store, every state change is durable before its reply is sent; without one
-  // (nullptr), the state lives in memory only.
-  HttpServer(Engine& engine, ServerClock& clock, Store* store, ServerOptions options);
+  // REQUIRES: `engine`, `clock` (the engine's clock) and `journal` outlive the server. From
+  // start() on, only the server's engine thread touches the engine and the clock, through its
+  // Coordinator (server/coordinator.h): the I/O thread itself when there is one (io_threads ==
+  // 1), else a thread of its own; the journal is written by the commit thread. With a journal,
+  // every state change is durable before its reply is sent; without one (nullptr), the state
+  // lives in memory only.
+  HttpServer(Engine& engine, ServerClock& clock, Journal* journal, ServerOptions options);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

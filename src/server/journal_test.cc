@@ -1,7 +1,9 @@
 // The durable store brings a run back exactly: drive the API as the server does (each request
 // at one instant, logged, committed in batches), then restore into a fresh engine from the
 // data dir and compare the whole saved state byte for byte.
-#include "server/journal.h"
+#include "server/coordinator.h"
+#include "server/restore.h"
+#include "store/store.h"
 
 #include <gtest/gtest.h>
 
@@ -36,7 +38,7 @@ class Harness {
     o.durability = Durability::kOs;
     o.snapshot_every = snapshot_every;
     store_ = std::move(*Store::open(o));
-    observer_ = std::make_unique<StoreObserver>(*store_);
+    observer_ = std::make_unique<JournalObserver>(*store_);
     api_.set_observer(observer_.get());
     clock_.replay_at(0);
   }
@@ -84,7 +86,7 @@ class Harness {
   Engine engine_{clock_};
   Api api_;
   std::unique_ptr<Store> store_;
-  std::unique_ptr<StoreObserver> observer_;
+  std::unique_ptr<JournalObserver> observer_;
 };
 
 // The run's state as the journal rebuilds it (all but the workers' "last seen").

@@ -3,7 +3,8 @@
 // keeps the time it had left, counted from the restart. Live, it counts only the time the
 // process ran (core/clock.h, RunningTime): after the process was stopped or stalled, a lease
 // likewise keeps the time it had left, and its worker can heartbeat before it expires. Read by
-// one thread (the engine's).
+// one thread (the engine's). Its source is the steady clock, or one given (a manual clock, in
+// the server's simulation tests).
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,9 @@ namespace traincoord {
 
 class ServerClock final : public Clock {
  public:
+  // `source` (null: the steady clock) must outlive the clock.
+  explicit ServerClock(const Clock* source = nullptr) : source_(source), start_ms_(source_now()) {}
+
   TimeMs now() const override {
     if (replaying_ || held_) return replay_time_;
     const TimeMs running = running_now();
@@ -58,18 +62,20 @@ class ServerClock final : public Clock {
   void go_live(TimeMs base) {
     replaying_ = false;
     base_ = base;
-    start_ = std::chrono::steady_clock::now();
+    start_ms_ = source_now();
     running_ = RunningTime(kMaxStepMs);
     frozen_ = false;
     frozen_for_ = 0;
   }
 
  private:
-  TimeMs running_now() const {
-    return running_.at(base_ + std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now() - start_)
-                                   .count());
+  TimeMs source_now() const {
+    if (source_) return source_->now();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
+  TimeMs running_now() const { return running_.at(base_ + (source_now() - start_ms_)); }
 
   bool replaying_ = false;
   bool frozen_ = false;
@@ -78,7 +84,8 @@ class ServerClock final : public Clock {
   bool held_ = false;
   TimeMs replay_time_ = 0;
   TimeMs base_ = 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  const Clock* source_;
+  TimeMs start_ms_;  // source_now() when it went live
   mutable RunningTime running_{kMaxStepMs};
 };
 

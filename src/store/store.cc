@@ -657,7 +657,7 @@ void Store::add_run(const std::string& name, std::string_view format, std::strin
 // Encoded straight into the run's row of the next commit: a record costs one append, not a
 // copy of its target and body kept until take().
 void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
-                       std::string_view body, int outcome) {
+                       std::string_view body, int outcome, std::string_view /*reply*/) {
   auto log = std::find_if(pending_log_.begin(), pending_log_.end(),
                           [&](const PendingLog& l) { return l.run == run; });
   if (log == pending_log_.end()) {
@@ -725,7 +725,11 @@ void Store::take_snapshot(const Run& run, TimeMs now, StoreBatch* batch) {
   records_since_snapshot_[name] = 0;
 }
 
-StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
+std::unique_ptr<JournalBatch> Store::take(const Engine& engine, bool snapshots, TimeMs now) {
+  return std::make_unique<StoreBatch>(take_batch(engine, snapshots, now));
+}
+
+StoreBatch Store::take_batch(const Engine& engine, bool snapshots, TimeMs now) {
   StoreBatch batch;
   batch.runs = std::move(pending_runs_);
   pending_runs_.clear();
@@ -755,7 +759,7 @@ StoreBatch Store::take(const Engine& engine, bool snapshots, TimeMs now) {
   return batch;
 }
 
-Result<void> Store::write(const StoreBatch& batch) {
+Result<void> Store::write_batch(const StoreBatch& batch) {
   last_write_full_ = false;
   if (batch.empty()) return {};
   auto rollback = [&](Error e) -> Result<void> {
@@ -823,7 +827,24 @@ Result<void> Store::write(const StoreBatch& batch) {
   return {};
 }
 
-Result<void> Store::commit(const Engine& engine) { return write(take(engine)); }
+void Store::append_metrics(std::string& out) const {
+  out +=
+      "# HELP traincoord_store_checkpoints_total Passes copying the WAL into the database, on "
+      "the checkpointer's thread.\n"
+      "# TYPE traincoord_store_checkpoints_total counter\n"
+      "traincoord_store_checkpoints_total " +
+      std::to_string(checkpoints()) +
+      "\n# HELP traincoord_store_wal_restarts_total Times the WAL was started over from its "
+      "beginning (it stays bounded).\n"
+      "# TYPE traincoord_store_wal_restarts_total counter\n"
+      "traincoord_store_wal_restarts_total " +
+      std::to_string(checkpoint_restarts()) +
+      "\n# HELP traincoord_store_checkpoint_failures_total Checkpoints that failed (nothing is "
+      "lost: the WAL keeps every commit until one succeeds).\n"
+      "# TYPE traincoord_store_checkpoint_failures_total counter\n"
+      "traincoord_store_checkpoint_failures_total " +
+      std::to_string(checkpoint_failures()) + "\n";
+}
 
 void Store::covered(const std::string& run, int64_t seq) {
   auto& rows = untrimmed_[run];
@@ -854,7 +875,7 @@ Result<void> Store::find_untrimmed() {
 Result<void> Store::snapshot(const Run& run, TimeMs now) {
   StoreBatch batch;
   take_snapshot(run, now, &batch);
-  return write(batch);
+  return write_batch(batch);
 }
 
 Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
@@ -863,7 +884,7 @@ Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
     if (count < options_.snapshot_every) continue;
     if (auto run = engine.find(name)) take_snapshot(**run, now, &batch);
   }
-  return write(batch);
+  return write_batch(batch);
 }
 
 Result<void> Store::replace_config(const Run& run, std::string_view format, std::string_view text,

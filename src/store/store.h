@@ -25,6 +25,7 @@
 #include "core/clock.h"
 #include "core/engine.h"
 #include "core/error.h"
+#include "journal/journal.h"
 #include "json/json_writer.h"
 #include "store/checkpointer.h"
 #include "store/sqlite.h"
@@ -46,49 +47,9 @@ struct StoreOptions {
   uint64_t min_free_bytes = 64ull << 20;
 };
 
-enum class RecordKind : int { kRequest = 1, kExpire = 2 };
-
-// A record's outcome: the HTTP status its request was answered with, or one of these.
-constexpr int kOutcomeParked = 0;      // an acquire parked (long poll); answered later
-constexpr int kOutcomeUnknown = -1;    // written by schema 3 or older, which kept no outcome
-
-struct Record {
-  int64_t seq = 0;
-  std::string run;
-  TimeMs time = 0;
-  RecordKind kind = RecordKind::kRequest;
-  int outcome = kOutcomeUnknown;  // kRequest: what it was answered (replay must answer the same)
-  std::string target;             // kRequest: the POST's target
-  std::string body;               // kRequest: its body
-};
-
-struct SavedRun {
-  std::string name;
-  std::string config_format;  // "toml" or "json"
-  std::string config_text;
-  TimeMs created_ms = 0;
-  std::optional<std::string> snapshot;
-  int64_t snapshot_seq = 0;
-};
-
-// An accepted completion, as the observer reports it (views: add_completion() encodes it at
-// once).
-struct CompletionRow {
-  std::string_view run;
-  uint64_t lease = 0;
-  std::string_view worker;
-  std::string_view set;
-  int64_t epoch = 0;
-  uint64_t job = 0;
-  double loss = 0;  // non-finite: written as null
-  uint64_t samples = 0;
-  const std::vector<Metric>* metrics = nullptr;  // none: {}
-  TimeMs time = 0;
-};
-
-// What one commit writes. Taken from the store's buffers and the engine on the engine's thread
-// (Store::take), written on another (Store::write): the engine goes on while it is written.
-struct StoreBatch {
+// What one commit writes. Taken from the store's buffers and the engine on the coordinator's
+// thread (Store::take), written on another (Store::write): the engine goes on while it is written.
+struct StoreBatch final : JournalBatch {
   struct NewRun {
     std::string name, format, text;
     TimeMs created;
@@ -130,14 +91,15 @@ struct StoreBatch {
   std::vector<RunRow> run_states;
   std::vector<SnapshotRow> snapshots;
 
-  bool empty() const {
+  bool empty() const override {
     return runs.empty() && log.empty() && completions.empty() && snapshots.empty();
   }
   // Appends `later` (written after this one).
   void append(StoreBatch&& later);
+  void append(JournalBatch&& later) override { append(static_cast<StoreBatch&&>(later)); }
 };
 
-class Store {
+class Store final : public Journal {
  public:
   static constexpr int kSchemaVersion = 4;
   static constexpr const char* kFileName = "traincoord.db";
@@ -157,14 +119,17 @@ class Store {
   ~Store();
 
   // What open() found that the operator must hear of (lost commits), once.
-  std::vector<std::string> take_notices() { return std::move(notices_); }
+  std::vector<std::string> take_notices() override { return std::move(notices_); }
+  std::string describe() const override { return path_; }
   // Free bytes on the data dir's disk, and whether that is below min_free_bytes.
   uint64_t free_bytes() const;
-  bool low_on_disk() const { return free_bytes() < options_.min_free_bytes; }
-  uint64_t min_free_bytes() const { return options_.min_free_bytes; }
+  bool low_on_room() const override { return free_bytes() < options_.min_free_bytes; }
+  uint64_t reserve_bytes() const override { return options_.min_free_bytes; }
   // Whether the last write() failed for want of space (SQLITE_FULL): nothing of it was
   // written, and the same batch may be written again once there is room.
-  bool last_write_was_full() const { return last_write_full_; }
+  bool last_write_was_full() const override { return last_write_full_; }
+  // The checkpointer's series (passes, WAL restarts, failures).
+  void append_metrics(std::string& out) const override;
 
   const std::string& path() const { return path_; }
   // Checkpoints of the WAL done so far (on the checkpointer's thread; for tests).
@@ -173,40 +138,35 @@ class Store {
   uint64_t checkpoint_failures() const { return checkpointer_ ? checkpointer_->failures() : 0; }
   Durability durability() const { return options_.durability; }
 
-  // The saved runs, with their latest snapshot.
-  Result<std::vector<SavedRun>> saved_runs();
-  // Calls `fn` for every record not covered by its run's snapshot, in the order written,
-  // checking each log row's checksum chain first; stops at the first error (a damaged or
-  // missing row, or one `fn` returns).
-  Result<void> for_each_record(const std::function<Result<void>(const Record&)>& fn);
-  // The latest time recorded anywhere (0 for a new store).
-  Result<TimeMs> latest_time();
+  // The saved runs, with their latest snapshot (checking the checksums of configs and
+  // snapshots).
+  Result<std::vector<SavedRun>> saved_runs() override;
+  // Checks each log row's checksum chain before its records reach `fn`.
+  Result<void> for_each_record(const std::function<Result<void>(const Record&)>& fn) override;
+  Result<TimeMs> latest_time() override;
 
-  // Buffered until commit().
   void add_run(const std::string& name, std::string_view format, std::string_view text,
-               TimeMs created);
+               TimeMs created) override;
+  // (`reply` is not kept: a log row keeps only the outcome's status.)
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
-                  std::string_view body, int outcome);
-  void add_completion(const CompletionRow& row);
+                  std::string_view body, int outcome, std::string_view reply = {}) override;
+  void add_completion(const CompletionRow& row) override;
   bool has_pending() const { return !pending_runs_.empty() || !pending_log_.empty(); }
 
-  // Takes everything buffered, with the epochs and states of the runs it touched (read from
-  // `engine`), as a batch to write; with `snapshots`, also a snapshot of every run with at
-  // least snapshot_every records since its last one. Cheap: no I/O.
-  StoreBatch take(const Engine& engine, bool snapshots = false, TimeMs now = 0);
-  // Writes a batch in one transaction. Batches must be written in the order taken; this may
-  // run on another thread than take() (never two at once). An error here means durability is
-  // broken: the caller must stop rather than reply.
-  Result<void> write(const StoreBatch& batch);
-  // take() + write(): writes everything buffered now.
-  Result<void> commit(const Engine& engine);
+  // Snapshots are taken of every run with at least snapshot_every records since its last one.
+  std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) override;
+  StoreBatch take_batch(const Engine& engine, bool snapshots = false, TimeMs now = 0);
+  // In one transaction.
+  Result<void> write(const JournalBatch& batch) override {
+    return write_batch(static_cast<const StoreBatch&>(batch));
+  }
+  Result<void> write_batch(const StoreBatch& batch);
   // Snapshots every run with at least snapshot_every records since its last snapshot, now.
   Result<void> snapshot_due(const Engine& engine, TimeMs now);
   // Snapshots `run` now and drops the log the snapshot covers.
   Result<void> snapshot(const Run& run, TimeMs now);
-  // Replaces a run's config (after the user asked to apply a changed one), with a snapshot.
   Result<void> replace_config(const Run& run, std::string_view format, std::string_view text,
-                              TimeMs now);
+                              TimeMs now) override;
 
  private:
   Store(StoreOptions options, std::string path, sqlite::Db db)

@@ -1,4 +1,4 @@
-#include "server/journal.h"
+#include "server/restore.h"
 
 #include <chrono>
 
@@ -8,25 +8,14 @@
 
 namespace traincoord {
 
-void StoreObserver::run_created(const Run& run, std::string_view config_json, TimeMs now) {
-  store_.add_run(run.config().name, "json", config_json, now);
-}
-
-void StoreObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
-                                        const Completed& completed, const Completion& completion,
-                                        TimeMs now) {
-  store_.add_completion({run.config().name, lease, run.workers()[worker].name,
-                         set_name(completed.set), completed.epoch, completed.job, completion.loss,
-                         completion.samples, &completion.metrics, now});
-}
-
-Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, ServerClock& clock) {
+Result<RestoreReport> restore_engine(Journal& journal, Engine& engine, Api& api,
+                                     ServerClock& clock) {
   const auto start = std::chrono::steady_clock::now();
   RestoreReport report;
-  auto saved = store.saved_runs();
+  auto saved = journal.saved_runs();
   if (!saved) return tl::unexpected(saved.error());
   for (const SavedRun& s : *saved) {
-    const std::string source = store.path() + " (run " + s.name + ")";
+    const std::string source = journal.describe() + " (run " + s.name + ")";
     auto config = s.config_format == "json" ? parse_run_config_json(s.config_text, source)
                                             : parse_run_config(s.config_text, source);
     if (!config) return tl::unexpected(config.error());
@@ -42,7 +31,7 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
     }
     report.runs += 1;
   }
-  auto replayed = store.for_each_record([&](const Record& r) -> Result<void> {
+  auto replayed = journal.for_each_record([&](const Record& r) -> Result<void> {
     clock.replay_at(r.time);
     report.records += 1;
     if (r.kind == RecordKind::kExpire) {
@@ -57,7 +46,10 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
     const int replayed_outcome = std::holds_alternative<ParkedAcquire>(result)
                                      ? kOutcomeParked
                                      : std::get<HttpReply>(result).status;
-    if (replayed_outcome == r.outcome) return {};
+    const auto* reply = std::get_if<HttpReply>(&result);
+    if (replayed_outcome == r.outcome && (!r.reply || !reply || *r.reply == reply->body)) {
+      return {};
+    }
     auto name = [](int outcome) {
       return outcome == kOutcomeParked ? std::string("parked (long poll)")
                                        : "HTTP " + std::to_string(outcome);
@@ -66,7 +58,13 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
     for (char& c : body) {
       if (static_cast<unsigned char>(c) < 0x20) c = ' ';
     }
-    const auto* reply = std::get_if<HttpReply>(&result);
+    if (replayed_outcome == r.outcome) {
+      return failed_precondition(
+          "log row " + std::to_string(r.seq) + " of run " + r.run + " does not replay as it "
+          "was: POST " + r.target + " " + body + (r.body.size() > 200 ? "..." : "") +
+          " was answered " + *r.reply + " when it came, but " + reply->body + " now. The "
+          "state it would rebuild is not the state that was, so traincoord stops here");
+    }
     return failed_precondition(
         "log row " + std::to_string(r.seq) + " of run " + r.run + " does not replay as it was: "
         "POST " + r.target + " " + body + (r.body.size() > 200 ? "..." : "") + " was answered " +
@@ -77,7 +75,7 @@ Result<RestoreReport> restore_engine(Store& store, Engine& engine, Api& api, Ser
         "`traincoord inspect` on a copy, and report it");
   });
   if (!replayed) return tl::unexpected(replayed.error());
-  auto latest = store.latest_time();
+  auto latest = journal.latest_time();
   if (!latest) return tl::unexpected(latest.error());
   report.resumed_at = *latest + 1;
   clock.go_live(report.resumed_at);

@@ -1,0 +1,250 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+
+#include "server/auth.h"
+#include "server/web_assets.h"
+
+namespace traincoord {
+
+namespace {
+
+std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
+
+HttpReply journal_full_reply() {
+  return error_reply(503, "disk_full",
+                     "the coordinator's disk is full: it takes no new work until there is room "
+                     "again (what it accepted is kept); retry later");
+}
+
+}  // namespace
+
+void JournalObserver::run_created(const Run& run, std::string_view config_json, TimeMs now) {
+  journal_.add_run(run.config().name, "json", config_json, now);
+}
+
+void JournalObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
+                                          const Completed& completed,
+                                          const Completion& completion, TimeMs now) {
+  journal_.add_completion({run.config().name, lease, run.workers()[worker].name,
+                           set_name(completed.set), completed.epoch, completed.job,
+                           completion.loss, completion.samples, &completion.metrics, now});
+}
+
+Coordinator::Coordinator(Engine& engine, ServerClock& clock, Journal* journal,
+                         CoordinatorOptions options)
+    : engine_(engine),
+      clock_(clock),
+      journal_(journal),
+      options_(options),
+      observer_(journal ? std::make_unique<JournalObserver>(*journal) : nullptr),
+      api_(engine, clock, options.limits),
+      last_tick_(clock.now()) {
+  api_.set_observer(observer_.get());
+}
+
+Coordinator::~Coordinator() = default;
+
+Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
+  Wave wave;
+  if (journal_full != clock_.frozen()) journal_full_changed(journal_full, &wave.notices);
+  std::vector<std::string_view> touched;  // views into the calls' targets
+  for (Call& call : calls) {
+    const HttpRequest& request = call.request;
+    const std::string_view endpoint = Api::endpoint_of(request.method, request.target);
+    if (options_.auth) {
+      // Refused before anything happens: nothing to log, nothing changed.
+      if (auto refused = options_.auth->check(request.method, request.target,
+                                              request.authorization)) {
+        outbox_.push_back({std::move(call.to), std::move(*refused), endpoint});
+        continue;
+      }
+    }
+    if (request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
+      outbox_.push_back({std::move(call.to), serve_get(request), endpoint});
+      continue;
+    }
+    if (journal_full && request.method != "GET") {
+      // Nothing new is taken while the journal has no room; what was accepted is written first
+      // (the commit pipeline retries it), reads go on.
+      outbox_.push_back({std::move(call.to), journal_full_reply(), endpoint});
+      continue;
+    }
+    const TimeMs t = clock_.hold();
+    auto result = api_.handle(request);
+    clock_.release();
+    const std::string_view run = Api::run_of(request.target);
+    if (request.method != "GET" && !run.empty()) {
+      // The journal keeps what changed state, with how it was answered; nothing of a request
+      // that changed nothing (docs/DURABILITY.md).
+      const auto* reply = std::get_if<HttpReply>(&result);
+      switch (api_.effect()) {
+        case Effect::kNone:
+          break;
+        case Effect::kChanged:
+          record(run, t, RecordKind::kRequest, request.target, request.body,
+                 reply ? reply->status : kOutcomeParked, reply ? std::string_view(reply->body) : "");
+          touched.push_back(run);
+          break;
+        case Effect::kExpiredOnly:
+          record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown, "");
+          touched.push_back(run);
+          break;
+      }
+    }
+    if (auto* reply = std::get_if<HttpReply>(&result)) {
+      if (options_.auth && endpoint == "create_run" && reply->status == 201) {
+        // Its workers' token, made now: a run is served only with a token to give its workers.
+        for (const Run* r : engine_.runs()) {
+          auto token = options_.auth->worker_token(r->config().name);
+          if (!token) {
+            wave.notices.push_back("cannot save the worker token of run " + r->config().name +
+                                   ": " + token.error().message);
+            *reply = error_reply(
+                500, "token_not_saved",
+                "run " + r->config().name + " was created, but its worker token could not be "
+                "saved (" + token.error().message + "); its workers can use the admin token "
+                "until the token dir is fixed and the server restarted");
+          }
+        }
+      }
+      outbox_.push_back({std::move(call.to), std::move(*reply), endpoint});
+    } else {
+      auto& acquire = std::get<ParkedAcquire>(result);
+      parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.to), endpoint});
+    }
+  }
+  const TimeMs now = clock_.now();
+  if (clock_.pauses() != pauses_seen_) {
+    pauses_seen_ = clock_.pauses();
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "the coordinator did not run for a while (stopped or stalled); %.3f s in all "
+                  "not counted against leases",
+                  static_cast<double>(clock_.skipped_ms()) / 1000.0);
+    wave.notices.emplace_back(text);
+  }
+  if (journal_full) {
+    // No tick: leases do not expire and parked acquires do not wait (their clock stands).
+  } else if (now - last_tick_ >= options_.tick_ms) {
+    last_tick_ = now;
+    const TimeMs t = clock_.hold();
+    const std::vector<std::string> expired = api_.expire_leases();
+    clock_.release();
+    for (const std::string& run : expired) {
+      record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown, "");
+    }
+    for (auto& [run, queue] : parked_) serve_parked(queue, now);
+  } else {
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (const std::string_view run : touched) {
+      auto it = parked_.find(run);
+      if (it != parked_.end()) serve_parked(it->second, now);
+    }
+  }
+  std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
+  if (journal_) wave.writes = journal_->take(engine_, /*snapshots=*/true, clock_.now());
+  wave.replies = std::move(outbox_);
+  outbox_.clear();
+  calls.clear();  // (only now: `touched` viewed their targets)
+  return wave;
+}
+
+void Coordinator::record(std::string_view run, TimeMs t, RecordKind kind,
+                         std::string_view target, std::string_view body, int outcome,
+                         std::string_view reply) {
+  if (journal_ && engine_.find(run)) journal_->add_record(run, t, kind, target, body, outcome, reply);
+}
+
+// GET /metrics and the dashboard's files: nothing to log.
+HttpReply Coordinator::serve_get(const HttpRequest& request) {
+  const std::string_view path = path_of(request.target);
+  if (path == "/metrics") {
+    std::string text = api_.metrics_text();
+    if (transport_metrics_) transport_metrics_(text);
+    if (journal_) journal_->append_metrics(text);
+    return HttpReply{200, std::move(text), {}, "text/plain; version=0.0.4; charset=utf-8"};
+  }
+  if (const WebAsset* asset = find_web_asset(path)) {
+    return HttpReply{
+        200, std::string(asset->body), {}, std::string(asset->content_type) + "; charset=utf-8"};
+  }
+  return error_reply(404, "not_found", "no endpoint at " + request.target + " (see docs/API.md)");
+}
+
+// The journal found itself short of room (or has room again): time stands still for the runs
+// meanwhile, and parked acquires are answered at once (503: retry later).
+void Coordinator::journal_full_changed(bool full, std::vector<std::string>* notices) {
+  if (full) {
+    clock_.freeze();
+    notices->push_back(
+        (journal_ ? "the disk holding " + journal_->describe() + " has less than " +
+                        std::to_string(journal_->reserve_bytes() >> 20) + " MiB free"
+                  : std::string("the journal has no room")) +
+        ": taking no new work (503) until there is room; reads go on, leases do not expire");
+    for (auto& [run, queue] : parked_) {
+      for (Parked& p : queue) outbox_.push_back({std::move(p.to), journal_full_reply(), p.endpoint});
+    }
+    parked_.clear();
+  } else {
+    clock_.thaw();
+    notices->push_back("the disk has room again: taking work");
+  }
+}
+
+// Asks again for a parked acquire; the retry is an acquire of its own, and journalled as one
+// when it changed something (handed out jobs, or expired leases on its way): as an acquire
+// without a wait, which replays to the reply it got (200; a "wait" when it found nothing).
+std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool timed_out) {
+  const TimeMs t = clock_.hold();
+  auto reply = api_.retry(parked, timed_out);
+  clock_.release();
+  if (api_.effect() == Effect::kChanged) {
+    record(parked.run, t, RecordKind::kRequest, "/v1/runs/" + parked.run + "/acquire",
+           "{\"worker\":" + std::to_string(parked.worker) +
+               ",\"request\":" + std::to_string(parked.request) +
+               (parked.max_jobs > 0 ? ",\"jobs\":" + std::to_string(parked.max_jobs) : "") + "}",
+           reply ? reply->status : 200,
+           !api_.retried_as_acquire().empty() ? std::string_view(api_.retried_as_acquire())
+           : reply                            ? std::string_view(reply->body)
+                                              : std::string_view());
+  }
+  return reply;
+}
+
+// Answers parked acquires in arrival order while there is an answer; then times out those
+// whose wait has run out.
+void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
+  while (!queue.empty()) {
+    auto reply = retry(queue.front().acquire, false);
+    if (!reply) break;  // nothing for the first: nothing for the others either
+    outbox_.push_back({std::move(queue.front().to), std::move(*reply), queue.front().endpoint});
+    queue.pop_front();
+  }
+  for (auto it = queue.begin(); it != queue.end();) {
+    if (it->acquire.deadline <= now) {
+      outbox_.push_back({std::move(it->to), *retry(it->acquire, true), it->endpoint});
+      it = queue.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+TimeMs Coordinator::next_wakeup_ms() const {
+  TimeMs wake = options_.tick_ms;
+  const TimeMs now = clock_.now();
+  for (const auto& [run, queue] : parked_) {
+    for (const Parked& p : queue) wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
+  }
+  return wake;
+}
+
+size_t Coordinator::parked() const {
+  size_t n = 0;
+  for (const auto& [run, queue] : parked_) n += queue.size();
+  return n;
+}
+
+}  // namespace traincoord

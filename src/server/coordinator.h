@@ -1,0 +1,133 @@
+// The coordinator's loop, without sockets or threads: a batch of calls in, a wave out — the
+// journal writes the calls made, and the replies that may go out once those writes are durable.
+// It owns what the server decides itself: the token check, parked (long-poll) acquires and
+// their retries, the tick that expires leases, what the journal keeps of each request, and the
+// stand-still while the journal is out of room. The HTTP layer (server/http_server.h) is
+// transport only: it hands calls in, writes each wave (the commit pipeline) and sends its
+// replies. Driven by a manual clock and an in-memory journal, it is what the server's seeded
+// simulation runs (server/coordinator_simulation_test.cc).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/engine.h"
+#include "journal/journal.h"
+#include "server/api.h"
+#include "server/server_clock.h"
+
+namespace traincoord {
+
+class Auth;
+
+// Feeds a journal what the API reports (created runs, accepted completions).
+class JournalObserver final : public ApiObserver {
+ public:
+  explicit JournalObserver(Journal& journal) : journal_(journal) {}
+  void run_created(const Run& run, std::string_view config_json, TimeMs now) override;
+  void completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
+                           const Completed& completed, const Completion& completion,
+                           TimeMs now) override;
+
+ private:
+  Journal& journal_;
+};
+
+// Where a reply goes: the transport's business; the coordinator only carries it along.
+struct ReplyTo {
+  std::function<void(HttpReply)> respond;
+  std::chrono::steady_clock::time_point received{};  // for the latency histogram
+};
+
+// A request, and the way back to its caller.
+struct Call {
+  HttpRequest request;
+  ReplyTo to;
+};
+
+// A reply, and where it goes.
+struct Outgoing {
+  ReplyTo to;
+  HttpReply reply;
+  std::string_view endpoint;  // a literal from the endpoint table (metrics label)
+};
+
+// What one step produced. `replies` may be sent only once `writes` is written (and must be
+// sent in order); `writes` is null without a journal (nothing to write: send at once).
+struct Wave {
+  std::unique_ptr<JournalBatch> writes;
+  std::vector<Outgoing> replies;
+  // What the operator should hear of (a pause of the process, the journal out of room).
+  std::vector<std::string> notices;
+  bool empty() const { return (!writes || writes->empty()) && replies.empty(); }
+};
+
+struct CoordinatorOptions {
+  ApiLimits limits;
+  Auth* auth = nullptr;  // null: no tokens needed; else checked before anything else
+  TimeMs tick_ms = 50;   // lease expiries and long-poll deadlines, this often
+};
+
+class Coordinator {
+ public:
+  // REQUIRES: `engine`, `clock` (the engine's clock) and `journal` (null: none, the state
+  // lives in memory only) outlive the coordinator, and only its caller's thread touches them.
+  Coordinator(Engine& engine, ServerClock& clock, Journal* journal, CoordinatorOptions options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Answers `calls` in order at the clock's time (each request at an instant of its own), gives
+  // the parked acquires of the runs they touched another try, runs the tick when it is due,
+  // and takes the journal's writes. `journal_full`: the journal is short of room (the commit
+  // pipeline says so): no new work is taken (503 disk_full), GETs are answered, and the runs'
+  // time stands still until it has room again. Leaves `calls` empty.
+  Wave step(std::vector<Call>& calls, bool journal_full = false);
+
+  // How long until step() is needed with no calls (the tick, or a long poll's deadline):
+  // at least 1 ms, at most the tick.
+  TimeMs next_wakeup_ms() const;
+  // Acquires waiting for work (long polls).
+  size_t parked() const;
+
+  // Adds the transport's own series to GET /metrics (called on this thread, in step()).
+  void set_transport_metrics(std::function<void(std::string&)> append) {
+    transport_metrics_ = std::move(append);
+  }
+
+  Api& api() { return api_; }
+
+ private:
+  struct Parked {
+    ParkedAcquire acquire;
+    ReplyTo to;
+    std::string_view endpoint;
+  };
+
+  HttpReply serve_get(const HttpRequest& request);
+  void record(std::string_view run, TimeMs t, RecordKind kind, std::string_view target,
+              std::string_view body, int outcome, std::string_view reply);
+  std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out);
+  void serve_parked(std::deque<Parked>& queue, TimeMs now);
+  void journal_full_changed(bool full, std::vector<std::string>* notices);
+
+  Engine& engine_;
+  ServerClock& clock_;
+  Journal* journal_;
+  CoordinatorOptions options_;
+  std::unique_ptr<JournalObserver> observer_;
+  Api api_;
+  std::vector<Outgoing> outbox_;
+  std::map<std::string, std::deque<Parked>, std::less<>> parked_;
+  std::function<void(std::string&)> transport_metrics_;
+  TimeMs last_tick_;
+  uint64_t pauses_seen_ = 0;  // clock_.pauses() when last told
+};
+
+}  // namespace traincoord
