@@ -3,7 +3,7 @@
 // complete request into the API, in order (as pipelined requests are). A request whose framing
 // is refused ends the connection, as in the server. Checked: a request read past the framing
 // rules has a body delimited one way only, and every reply is valid UTF-8.
-#include <utility>  // before Asio (STACK.md)
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it
 
 #include <cstddef>
 #include <cstdint>
