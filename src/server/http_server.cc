@@ -418,8 +418,20 @@ class HttpServer::Impl {
         }
         if (auto* reply = std::get_if<HttpReply>(&result)) {
           if (options_.auth && endpoint == "create_run" && reply->status == 201) {
-            for (const Run* run : engine_.runs())
-              (void)options_.auth->worker_token(run->config().name);
+            // A run whose token file could not be saved has workers that cannot authenticate:
+            // say so instead of 201. The run stays (it is in the journal); the next start makes
+            // the missing token or refuses to start, naming the path.
+            for (const Run* run : engine_.runs()) {
+              auto token = options_.auth->worker_token(run->config().name);
+              if (token) continue;
+              std::fprintf(stderr, "traincoord: %s\n", token.error().message.c_str());
+              *reply = error_reply(500, "token_not_saved",
+                                   "run " + run->config().name +
+                                       " was created, but its worker token was not saved (" +
+                                       token.error().message +
+                                       "); its workers cannot authenticate until that is fixed "
+                                       "and the coordinator restarted");
+            }
           }
           outbox_.push_back({std::move(call.respond), std::move(*reply), endpoint, call.received});
         } else {
