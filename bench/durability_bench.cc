@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -70,6 +71,15 @@ double cycles_per_second(const std::string& url, int workers, double seconds) {
   return static_cast<double>(cycles) / elapsed;
 }
 
+// A bench that could not write what it measures must stop, not report a figure.
+template <typename T>
+void must(const Result<T>& r, const char* what) {
+  if (!r) {
+    std::fprintf(stderr, "durability_bench: %s failed: %s\n", what, r.error().message.c_str());
+    std::exit(1);
+  }
+}
+
 // Writes a run with `jobs` completed jobs into `dir`, as the server would (one commit per 64
 // requests), in-process for speed.
 void write_history(const std::string& dir, uint64_t jobs) {
@@ -83,7 +93,7 @@ void write_history(const std::string& dir, uint64_t jobs) {
   Api api(engine, clock);
   JournalObserver observer(*store);
   api.set_observer(&observer);
-  (void)engine.create_run(*parse_run_config(kRun, "bench"));
+  must(engine.create_run(*parse_run_config(kRun, "bench")), "create_run");
   store->add_run("bench", "toml", kRun, 0);
   auto post = [&](const std::string& target, const std::string& body) {
     const TimeMs t = clock.hold();
@@ -100,11 +110,11 @@ void write_history(const std::string& dir, uint64_t jobs) {
     reply = post("/v1/runs/bench/complete", R"({"worker": 0, "lease": )" + lease +
                                                 R"(, "loss": 0.5, "samples": 32, "next": true})");
     if (i % 64 == 63) {
-      (void)store->commit(engine);
-      (void)store->snapshot_due(engine, clock.now());
+      must(store->commit(engine), "commit");
+      must(store->snapshot_due(engine, clock.now()), "snapshot");
     }
   }
-  (void)store->commit(engine);
+  must(store->commit(engine), "commit");
 }
 
 double restore_seconds(const std::string& dir, uint64_t* records) {

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "[leases]\ntimeout = 0.05\nmax_attempts = 2\non_job_failure = \"skip\"\n"
         "[early_stop]\nrule = \"patience\"\npatience = 1\n",
         "fuzz");
-    (void)engine->create_run(*config);
+    if (!engine->create_run(*config)) __builtin_trap();  // no run: nothing would be fuzzed
     api = new Api(*engine, clock);
     (void)api->handle({"POST", "/v1/runs/f/workers", R"({"name": "w"})", ""});
   }

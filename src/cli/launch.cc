@@ -19,6 +19,7 @@
 #include <rapidjson/document.h>
 
 #include "cli/commands.h"
+#include "cli/terminal_text.h"
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "server/auth.h"
@@ -76,10 +77,8 @@ std::string progress_line(const std::string& status_json) {
     const auto& c = d["current"];
     const uint64_t done = c["done"].GetUint64() + c["failed"].GetUint64();
     const uint64_t jobs = c["jobs"].GetUint64();
-    const int width = 20, filled = jobs ? static_cast<int>(width * done / jobs) : width;
-    out << c["set"].GetString() << " epoch " << c["epoch"].GetInt64() << " ["
-        << std::string(static_cast<size_t>(filled), '#')
-        << std::string(static_cast<size_t>(width - filled), '.') << "] " << done << "/" << jobs;
+    out << c["set"].GetString() << " epoch " << c["epoch"].GetInt64() << " "
+        << progress_bar(done, jobs, 20) << " " << done << "/" << jobs;
   } else {
     out << d["state"].GetString();
   }

@@ -1,9 +1,11 @@
 // The traincoord binary: one subcommand per file in src/cli/.
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "sim/simulation.h"
 
 int main(int argc, char** argv) {
   using namespace traincoord::cli;
@@ -23,7 +25,8 @@ int main(int argc, char** argv) {
   sim->add_option("--loss", sim_args.loss,
                   "the loss of every epoch the --losses file does not list");
   sim->add_option("--order", sim_args.order, "which holding worker finishes next")
-      ->check(CLI::IsMember({"fifo", "lifo", "random"}));
+      ->check(CLI::IsMember(std::vector<std::string>(traincoord::kCompletionOrderNames.begin(),
+                                                     traincoord::kCompletionOrderNames.end())));
   sim->add_option("--seed", sim_args.seed, "the seed of --order random");
   sim->add_flag("--json", sim_args.json, "print a machine-readable trace (docs/SIMULATE.md)");
 

@@ -23,9 +23,8 @@ int simulate(const SimulateArgs& args) {
   SimulationOptions options;
   options.workers = args.workers;
   options.seed = args.seed;
-  options.order = args.order == "lifo"     ? CompletionOrder::kLifo
-                  : args.order == "random" ? CompletionOrder::kRandom
-                                           : CompletionOrder::kFifo;
+  // main.cc lets only the names of kCompletionOrderNames through.
+  options.order = parse_completion_order(args.order).value_or(CompletionOrder::kFifo);
   options.losses.constant = args.loss;
   if (!args.losses.empty()) {
     std::ifstream in(args.losses);

@@ -39,12 +39,6 @@ std::string duration(double seconds) {
   return buf;
 }
 
-std::string bar(uint64_t done, uint64_t total, int width = 30) {
-  const int filled = total == 0 ? width : static_cast<int>(width * done / total);
-  return "[" + std::string(static_cast<size_t>(filled), '#') +
-         std::string(static_cast<size_t>(width - filled), '.') + "]";
-}
-
 void render_run(const rapidjson::Document& r, std::ostream& out) {
   const auto& plan = r["plan"];
   const auto& progress = r["progress"];
@@ -61,7 +55,7 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
     const uint64_t done = current["done"].GetUint64() + current["failed"].GetUint64();
     const uint64_t jobs = current["jobs"].GetUint64();
     out << text(current["set"]) << " epoch " << current["epoch"].GetInt64() << "  "
-        << bar(done, jobs) << " " << done << "/" << jobs << " jobs, "
+        << progress_bar(done, jobs, 30) << " " << done << "/" << jobs << " jobs, "
         << current["running"].GetUint64() << " running\n";
   }
   out << "run: " << progress["jobs_done"].GetUint64() << "/" << progress["jobs_planned"].GetUint64()

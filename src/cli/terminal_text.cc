@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "core/error.h"
 #include "core/user_text.h"
 #include "core/utf8.h"
 
@@ -28,6 +29,18 @@ std::string terminal_safe(std::string_view text) {
     i += d.length;
   }
   return out;
+}
+
+std::string progress_bar(uint64_t done, uint64_t total, int width) {
+  TC_ASSERT(width >= 0);
+  // long double: width * done in integers could overflow; job counts (at most 2^50) and the
+  // width fit its 64-bit mantissa, so the quotient rounds down exactly as integer division does.
+  const int filled = total == 0 || done >= total
+                         ? width
+                         : static_cast<int>(static_cast<long double>(done) * width /
+                                            static_cast<long double>(total));
+  return "[" + std::string(static_cast<size_t>(filled), '#') +
+         std::string(static_cast<size_t>(width - filled), '.') + "]";
 }
 
 }  // namespace traincoord::cli

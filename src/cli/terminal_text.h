@@ -4,6 +4,7 @@
 // a coordinator that does not check them).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -14,5 +15,10 @@ namespace traincoord::cli {
 // bytes that are not valid UTF-8 as \xNN, and a backslash as \\ (so that the escapes are
 // unambiguous). Everything else is kept as it is.
 std::string terminal_safe(std::string_view text);
+
+// A progress bar `width` characters wide between brackets, '#' for the share done and '.' for
+// the rest, e.g. "[#####.....]" for 5 of 10: what `launch` and `status` draw. Full when `total`
+// is 0 or `done` is at least `total`. REQUIRES: width >= 0.
+std::string progress_bar(uint64_t done, uint64_t total, int width);
 
 }  // namespace traincoord::cli

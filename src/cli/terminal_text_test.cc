@@ -34,5 +34,26 @@ TEST(TerminalText, NothingItReturnsHoldsAControlByte) {
   }
 }
 
+TEST(ProgressBar, FillsTheShareDoneRoundingDown) {
+  EXPECT_EQ(progress_bar(0, 10, 10), "[..........]");
+  EXPECT_EQ(progress_bar(5, 10, 10), "[#####.....]");
+  EXPECT_EQ(progress_bar(10, 10, 10), "[##########]");
+  EXPECT_EQ(progress_bar(1, 3, 20), "[######..............]");
+  EXPECT_EQ(progress_bar(2, 3, 30), "[####################..........]");
+  EXPECT_EQ(progress_bar(29, 30, 30).find('.'), 30u);  // one left: not yet full
+}
+
+TEST(ProgressBar, IsFullWithNothingToDoOrMoreDoneThanPlanned) {
+  EXPECT_EQ(progress_bar(0, 0, 5), "[#####]");
+  EXPECT_EQ(progress_bar(12, 10, 5), "[#####]");
+  EXPECT_EQ(progress_bar(0, 7, 0), "[]");
+}
+
+TEST(ProgressBar, HugeCountsDoNotOverflow) {
+  const uint64_t total = uint64_t{1} << 50;
+  EXPECT_EQ(progress_bar(total / 2, total, 10), "[#####.....]");
+  EXPECT_EQ(progress_bar(total - 1, total, 10), "[#########.]");
+}
+
 }  // namespace
 }  // namespace traincoord::cli

@@ -1,6 +1,9 @@
 #include "config/config_diff.h"
 
+#include <array>
 #include <cmath>
+#include <cstddef>
+#include <optional>
 
 namespace traincoord {
 
@@ -15,53 +18,98 @@ bool same(const T& a, const T& b) {
   return a == b;
 }
 
+// The number of members of the aggregate T: the most initializers T{...} accepts. (An
+// initializer that converts to anything is never split by brace elision, so a member that is
+// itself an aggregate counts once.)
+struct AnyField {
+  template <typename T>
+  operator T() const;  // NOLINT(google-explicit-constructor): only in unevaluated contexts
+};
+template <typename T, typename... Fields>
+constexpr size_t member_count() {
+  if constexpr (requires { T{Fields{}..., AnyField{}}; }) {
+    return member_count<T, Fields..., AnyField>();
+  } else {
+    return sizeof...(Fields);
+  }
+}
+
+// One row per field: its name in the config file, whether a started run may change it, and how
+// to compare it. A new field of RunConfig (or of its early-stop parts) needs a row here, and
+// the counts below updated: the build stops until it has both.
+#define TC_FIELD(name, member, changeable)                                              \
+  ConfigField {                                                                         \
+    name, changeable,                                                                   \
+        [](const RunConfig& a, const RunConfig& b) { return same(a.member, b.member); } \
+  }
+constexpr bool kFixed = false;      // shapes the plan: a started run keeps its value
+constexpr bool kChangeable = true;  // a started run can take a new value
+
+constexpr std::array kFields = {
+    TC_FIELD("data.train_batches", train_batches, kFixed),
+    TC_FIELD("data.dev_batches", dev_batches, kFixed),
+    TC_FIELD("data.batch_size", batch_size, kFixed),
+    TC_FIELD("data.train_samples", train_samples, kFixed),
+    TC_FIELD("data.dev_samples", dev_samples, kFixed),
+    TC_FIELD("data.order", order, kFixed),
+    TC_FIELD("data.seed", seed, kFixed),
+    TC_FIELD("schedule.gpus_per_worker", gpus_per_worker, kFixed),
+    TC_FIELD("schedule.iters_per_worker", iters_per_worker, kFixed),
+    TC_FIELD("schedule.replicas_to_agg", replicas_to_agg, kFixed),
+    TC_FIELD("schedule.epochs", epochs, kFixed),
+    TC_FIELD("schedule.validation_every", validation_every, kFixed),
+    TC_FIELD("schedule.start_step", start_step, kFixed),
+    TC_FIELD("schedule.seed_compat", seed_compat, kFixed),
+    TC_FIELD("schedule.overlap_epochs", overlap_epochs, kFixed),
+    TC_FIELD("leases.timeout", lease_timeout_ms, kChangeable),
+    TC_FIELD("leases.max_attempts", max_attempts, kChangeable),
+    TC_FIELD("leases.on_job_failure", on_job_failure, kChangeable),
+    TC_FIELD("leases.history", lease_history, kFixed),
+    TC_FIELD("early_stop.rule", early_stop.kind, kChangeable),
+    TC_FIELD("early_stop.window", early_stop.window.window, kChangeable),
+    TC_FIELD("early_stop.mean_threshold", early_stop.window.mean_threshold, kChangeable),
+    TC_FIELD("early_stop.std_threshold", early_stop.window.std_threshold, kChangeable),
+    TC_FIELD("early_stop.monitor", early_stop.patience.monitor, kChangeable),
+    TC_FIELD("early_stop.mode", early_stop.patience.mode, kChangeable),
+    TC_FIELD("early_stop.min_delta", early_stop.patience.min_delta, kChangeable),
+    TC_FIELD("early_stop.patience", early_stop.patience.patience, kChangeable),
+    TC_FIELD("early_stop.baseline", early_stop.patience.baseline, kChangeable),
+    TC_FIELD("early_stop.stopping_threshold", early_stop.patience.stopping_threshold, kChangeable),
+    TC_FIELD("early_stop.divergence_threshold", early_stop.patience.divergence_threshold,
+             kChangeable),
+    TC_FIELD("early_stop.check_finite", early_stop.patience.check_finite, kChangeable),
+};
+#undef TC_FIELD
+
+// RunConfig: 19 fields listed, plus `name` (never compared) and `early_stop` (listed by its
+// parts: its `kind` as early_stop.rule, and every member of `window` and `patience`).
+static_assert(member_count<RunConfig>() == 21,
+              "RunConfig gained or lost a field: list it in kFields (and update this count)");
+static_assert(member_count<EarlyStopConfig>() == 3,
+              "EarlyStopConfig gained or lost a field: list it in kFields");
+static_assert(member_count<WindowRuleConfig>() == 3,
+              "WindowRuleConfig gained or lost a field: list it in kFields");
+static_assert(member_count<PatienceRuleConfig>() == 8,
+              "PatienceRuleConfig gained or lost a field: list it in kFields");
+static_assert(kFields.size() == (21 - 2) + 1 + 3 + 8, "kFields must list every field once");
+
 }  // namespace
+
+std::span<const ConfigField> config_fields() { return kFields; }
 
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b) {
   std::vector<std::string> out;
-  auto check = [&](const char* field, const auto& x, const auto& y) {
-    if (!same(x, y)) out.emplace_back(field);
-  };
-  check("data.train_batches", a.train_batches, b.train_batches);
-  check("data.dev_batches", a.dev_batches, b.dev_batches);
-  check("data.batch_size", a.batch_size, b.batch_size);
-  check("data.train_samples", a.train_samples, b.train_samples);
-  check("data.dev_samples", a.dev_samples, b.dev_samples);
-  check("data.order", a.order, b.order);
-  check("data.seed", a.seed, b.seed);
-  check("schedule.gpus_per_worker", a.gpus_per_worker, b.gpus_per_worker);
-  check("schedule.iters_per_worker", a.iters_per_worker, b.iters_per_worker);
-  check("schedule.replicas_to_agg", a.replicas_to_agg, b.replicas_to_agg);
-  check("schedule.epochs", a.epochs, b.epochs);
-  check("schedule.validation_every", a.validation_every, b.validation_every);
-  check("schedule.start_step", a.start_step, b.start_step);
-  check("schedule.seed_compat", a.seed_compat, b.seed_compat);
-  check("schedule.overlap_epochs", a.overlap_epochs, b.overlap_epochs);
-  check("leases.timeout", a.lease_timeout_ms, b.lease_timeout_ms);
-  check("leases.max_attempts", a.max_attempts, b.max_attempts);
-  check("leases.on_job_failure", a.on_job_failure, b.on_job_failure);
-  check("leases.history", a.lease_history, b.lease_history);
-  const EarlyStopConfig &x = a.early_stop, &y = b.early_stop;
-  check("early_stop.rule", x.kind, y.kind);
-  check("early_stop.window", x.window.window, y.window.window);
-  check("early_stop.mean_threshold", x.window.mean_threshold, y.window.mean_threshold);
-  check("early_stop.std_threshold", x.window.std_threshold, y.window.std_threshold);
-  check("early_stop.monitor", x.patience.monitor, y.patience.monitor);
-  check("early_stop.mode", x.patience.mode, y.patience.mode);
-  check("early_stop.min_delta", x.patience.min_delta, y.patience.min_delta);
-  check("early_stop.patience", x.patience.patience, y.patience.patience);
-  check("early_stop.baseline", x.patience.baseline, y.patience.baseline);
-  check("early_stop.stopping_threshold", x.patience.stopping_threshold,
-        y.patience.stopping_threshold);
-  check("early_stop.divergence_threshold", x.patience.divergence_threshold,
-        y.patience.divergence_threshold);
-  check("early_stop.check_finite", x.patience.check_finite, y.patience.check_finite);
+  for (const ConfigField& f : kFields) {
+    if (!f.same(a, b)) out.emplace_back(f.name);
+  }
   return out;
 }
 
 bool changeable_in_a_started_run(const std::string& field) {
-  return field.rfind("early_stop.", 0) == 0 || field == "leases.timeout" ||
-         field == "leases.max_attempts" || field == "leases.on_job_failure";
+  for (const ConfigField& f : kFields) {
+    if (f.name == field) return f.changeable;
+  }
+  return false;
 }
 
 }  // namespace traincoord

@@ -1,5 +1,6 @@
 #include "config/config_file.h"
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -87,19 +88,22 @@ class TableReader {
     return {};
   }
 
-  // A string that must be one of `choices`; returns its index in *out.
-  Result<void> choice(std::string_view key, std::initializer_list<std::string_view> choices,
-                      int* out) {
+  // A string that must be one of `names` (a table of enum names in core/run_config.h); sets
+  // *out to the value it names.
+  template <typename Enum, size_t N>
+  Result<void> choice(std::string_view key, const std::array<std::string_view, N>& names,
+                      Enum* out) {
     if (!has(key)) return {};
     auto v = (*table_)[key].value<std::string>();
-    std::string list;
-    int i = 0;
-    for (std::string_view c : choices) {
-      if (v && *v == c) {
-        *out = i;
+    if (v) {
+      if (auto value = parse_enum<Enum>(names, *v)) {
+        *out = *value;
         return {};
       }
-      list += (i++ ? ", " : "") + std::string("\"") + std::string(c) + "\"";
+    }
+    std::string list;
+    for (size_t i = 0; i < N; ++i) {
+      list += (i ? ", " : "") + std::string("\"") + std::string(names[i]) + "\"";
     }
     return bad(key, "must be one of " + list);
   }
@@ -138,9 +142,7 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
   TC_TRY(t.integer("train_samples", 1, kMaxCount, &train_samples));
   TC_TRY(t.integer("dev_samples", 0, kMaxCount, &dev_samples));
   TC_TRY(t.integer("batch_size", 1, kMaxCount, &batch_size));
-  int order = c->order == BatchOrder::kSequential ? 0 : 1;
-  TC_TRY(t.choice("order", {"sequential", "shuffled"}, &order));
-  c->order = order == 0 ? BatchOrder::kSequential : BatchOrder::kShuffled;
+  TC_TRY(t.choice("order", kBatchOrderNames, &c->order));
   TC_TRY(t.integer_as("seed", 0, std::numeric_limits<int64_t>::max(), &c->seed));
   TC_TRY(t.no_unknown_keys());  // a misspelt key says so before anything is found missing
 
@@ -191,18 +193,14 @@ Result<void> read_leases(TableReader& t, RunConfig* c) {
   }
   c->lease_timeout_ms = static_cast<int64_t>(std::llround(timeout_s * 1000.0));
   TC_TRY(t.integer_as("max_attempts", 1, 1000, &c->max_attempts));
-  int policy = c->on_job_failure == JobFailurePolicy::kFailRun ? 0 : 1;
-  TC_TRY(t.choice("on_job_failure", {"fail_run", "skip"}, &policy));
-  c->on_job_failure = policy == 0 ? JobFailurePolicy::kFailRun : JobFailurePolicy::kSkip;
+  TC_TRY(t.choice("on_job_failure", kJobFailurePolicyNames, &c->on_job_failure));
   TC_TRY(t.integer_as("history", 1, 1 << 26, &c->lease_history));
   return t.no_unknown_keys();
 }
 
 Result<void> read_early_stop(TableReader& t, RunConfig* c) {
   EarlyStopConfig& es = c->early_stop;
-  int rule = 0;
-  TC_TRY(t.choice("rule", {"none", "window", "patience"}, &rule));
-  es.kind = static_cast<EarlyStopKind>(rule);
+  TC_TRY(t.choice("rule", kEarlyStopKindNames, &es.kind));
   // Window rule.
   TC_TRY(t.integer_as("window", 0, 1 << 20, &es.window.window));
   TC_TRY(t.number("mean_threshold", &es.window.mean_threshold));
@@ -210,9 +208,7 @@ Result<void> read_early_stop(TableReader& t, RunConfig* c) {
   // Patience rule.
   PatienceRuleConfig& p = es.patience;
   TC_TRY(t.string("monitor", &p.monitor));
-  int mode = p.mode == MonitorMode::kMin ? 0 : 1;
-  TC_TRY(t.choice("mode", {"min", "max"}, &mode));
-  p.mode = mode == 0 ? MonitorMode::kMin : MonitorMode::kMax;
+  TC_TRY(t.choice("mode", kMonitorModeNames, &p.mode));
   TC_TRY(t.number("min_delta", &p.min_delta));
   TC_TRY(t.integer_as("patience", 0, 1 << 20, &p.patience));
   TC_TRY(t.optional_number("baseline", &p.baseline));

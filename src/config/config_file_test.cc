@@ -190,5 +190,36 @@ TEST(ConfigJson, AHugeFloatWhereAnIntegerGoesIsAnErrorNotAConversion) {
   EXPECT_NE(c.error().message.find("integer"), std::string::npos);
 }
 
+TEST(EnumNames, EachNameParsesBackToItsValueAndNothingElseParses) {
+  for (BatchOrder v : {BatchOrder::kSequential, BatchOrder::kShuffled}) {
+    EXPECT_EQ(parse_batch_order(batch_order_name(v)), v);
+  }
+  for (JobFailurePolicy v : {JobFailurePolicy::kFailRun, JobFailurePolicy::kSkip}) {
+    EXPECT_EQ(parse_job_failure_policy(job_failure_policy_name(v)), v);
+  }
+  for (EarlyStopKind v : {EarlyStopKind::kNone, EarlyStopKind::kWindow, EarlyStopKind::kPatience}) {
+    EXPECT_EQ(parse_early_stop_kind(early_stop_kind_name(v)), v);
+  }
+  for (MonitorMode v : {MonitorMode::kMin, MonitorMode::kMax}) {
+    EXPECT_EQ(parse_monitor_mode(monitor_mode_name(v)), v);
+  }
+  EXPECT_EQ(batch_order_name(BatchOrder::kSequential), "sequential");
+  EXPECT_EQ(job_failure_policy_name(JobFailurePolicy::kFailRun), "fail_run");
+  EXPECT_EQ(early_stop_kind_name(EarlyStopKind::kPatience), "patience");
+  EXPECT_EQ(monitor_mode_name(MonitorMode::kMax), "max");
+  EXPECT_FALSE(parse_batch_order("Shuffled"));
+  EXPECT_FALSE(parse_early_stop_kind(""));
+  EXPECT_FALSE(parse_job_failure_policy("skip "));
+}
+
+TEST(EnumNames, TheConfigFileOffersTheNamesOfTheTable) {
+  auto c = parse_run_config("name = \"r\"\n[data]\ntrain_batches = 4\norder = \"random\"\n", "t");
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().field, "data.order");
+  EXPECT_NE(c.error().message.find("must be one of \"sequential\", \"shuffled\""),
+            std::string::npos)
+      << c.error().message;
+}
+
 }  // namespace
 }  // namespace traincoord

@@ -104,7 +104,7 @@ TEST(Leases, ASilentWorkersLeaseStillExpiresAfterTheTimeoutOfRunningTime) {
   c.max_attempts = 2;
   traincoord::Run run(c, clock);
   const WorkerId w = run.join("silent");
-  (void)run.acquire(w);
+  ASSERT_TRUE(run.acquire(w));
   ASSERT_NO_FATAL_FAILURE(tick(raw, run, 500, w, 0));
   raw.advance(30'000);  // a pause counts as 250 ms: 750 ms of the timeout gone
   run.expire_leases();

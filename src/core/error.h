@@ -25,8 +25,20 @@ struct Error {
   std::string field;    // for kInvalidArgument: the offending field, if any
 };
 
+// A value or the Error that says why there is none. [[nodiscard]]: a call whose Result is
+// dropped is a compiler warning, so no failure goes unnoticed. Where dropping one is right,
+// cast it to (void) and say why. Everything of tl::expected works on it (`return value;`,
+// `return invalid_argument(...);`, `if (!r) r.error()`, `*r`, `r->`).
 template <typename T>
-using Result = tl::expected<T, Error>;
+class [[nodiscard]] Result : public tl::expected<T, Error> {
+ public:
+  using Base = tl::expected<T, Error>;
+  using Base::Base;
+  Result() = default;
+  // From what tl::expected's own members (map, and_then, ...) return.
+  Result(const Base& other) : Base(other) {}        // NOLINT(google-explicit-constructor)
+  Result(Base&& other) : Base(std::move(other)) {}  // NOLINT(google-explicit-constructor)
+};
 
 inline tl::unexpected<Error> invalid_argument(std::string field, std::string message) {
   return tl::unexpected(Error{ErrorCode::kInvalidArgument, std::move(message), std::move(field)});

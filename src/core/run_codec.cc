@@ -109,6 +109,116 @@ std::optional<int64_t> load_optional(Reader& r) {
 std::string RunCodec::save(const Run& run) { return save(run, true); }
 
 std::string RunCodec::save(const Run& run, bool last_seen) {
+  // What load() will check of these bytes must hold of the run they come from.
+  if (const std::string broken = inconsistency(run); !broken.empty()) {
+    assertion_failed(("run " + run.config_.name + " is inconsistent: " + broken).c_str(), __FILE__,
+                     __LINE__);
+  }
+  std::string bytes = encode(run, last_seen);
+#ifndef NDEBUG
+  // What was written reads back to the same state.
+  auto loaded = load(run.config_, bytes, run.clock_);
+  TC_ASSERT(loaded);
+  TC_ASSERT(encode(**loaded, last_seen) == bytes);
+#endif
+  return bytes;
+}
+
+std::string RunCodec::inconsistency(const Run& run) {
+  if (static_cast<uint64_t>(run.state_) > static_cast<uint64_t>(RunState::kFailed)) {
+    return "a run state outside the enum";
+  }
+  const size_t epochs = run.epochs_.size();
+  std::vector<uint64_t> live_of_slot(epochs, 0);
+  size_t live = 0;
+  for (const auto& [id, l] : run.leases_) {
+    const std::string lease = "lease " + std::to_string(id);
+    if (id == 0 || id > run.last_lease_) return lease + " was never issued";
+    if (l.epoch_slot >= epochs) return lease + " is of an epoch that does not exist";
+    if (l.worker >= run.workers_.size()) return lease + " is of a worker that does not exist";
+    const Epoch& e = run.epochs_[l.epoch_slot];
+    auto job = e.active.find(l.position);
+    if (job == e.active.end()) return lease + " is of a job that is not active";
+    if (l.live) {
+      live += 1;
+      live_of_slot[l.epoch_slot] += 1;
+      const std::vector<LeaseId>& held = run.workers_[l.worker].leases;
+      if (job->second.live != id) return lease + " is live, but its job has another live lease";
+      if (std::find(held.begin(), held.end(), id) == held.end()) {
+        return lease + " is live, but its worker does not hold it";
+      }
+    } else {
+      const std::vector<LeaseId>& expired = job->second.expired;
+      if (std::find(expired.begin(), expired.end(), id) == expired.end()) {
+        return lease + " expired, but its job does not list it";
+      }
+    }
+  }
+  if (run.live_order_.size() != live) return "the deadline order misses live leases";
+  for (size_t slot = 0; slot < epochs; ++slot) {
+    const Epoch& e = run.epochs_[slot];
+    const std::string epoch = "epoch slot " + std::to_string(slot);
+    if (e.plan.first_job > e.plan.end_job) return epoch + " ends before it begins";
+    if (static_cast<uint64_t>(e.plan.set) > 1) return epoch + " is of a set outside the enum";
+    if (e.leased != live_of_slot[slot]) return epoch + " counts its live leases wrong";
+    auto in_plan = [&](uint64_t position) {
+      return position >= e.plan.first_job && position < e.plan.end_job;
+    };
+    if (e.cursor < e.plan.first_job || e.cursor > e.plan.end_job) {
+      return epoch + " has its cursor outside its jobs";
+    }
+    for (uint64_t position : e.requeue) {
+      if (!in_plan(position)) return epoch + " requeues a job outside its jobs";
+    }
+    for (const auto& [position, job] : e.active) {
+      if (!in_plan(position)) return epoch + " has an active job outside its jobs";
+      auto it = run.leases_.find(job.live);
+      if (job.live != 0 && (it == run.leases_.end() || !it->second.live ||
+                            it->second.epoch_slot != slot || it->second.position != position)) {
+        return epoch + " has a job whose live lease is not live there";
+      }
+      for (LeaseId id : job.expired) {
+        auto ex = run.leases_.find(id);
+        if (ex == run.leases_.end() || ex->second.live || ex->second.epoch_slot != slot ||
+            ex->second.position != position) {
+          return epoch + " has a job whose expired lease is not expired there";
+        }
+      }
+    }
+  }
+  for (uint32_t slot : run.running_) {
+    if (slot >= epochs) return "a running epoch that does not exist";
+  }
+  for (uint32_t slot : run.dev_to_judge_) {
+    if (slot >= epochs) return "a dev epoch to judge that does not exist";
+  }
+  for (const auto& latest : run.latest_of_set_) {
+    if (latest && *latest >= epochs) return "a latest epoch that does not exist";
+  }
+  if (run.worker_ids_.size() != run.workers_.size()) return "two workers of the same name";
+  size_t held = 0;
+  for (const WorkerInfo& wi : run.workers_) held += wi.leases.size();
+  if (held != live) return "the workers hold another number of leases than are live";
+  for (size_t w = 0; w < run.workers_.size(); ++w) {
+    const WorkerInfo& wi = run.workers_[w];
+    auto id = run.worker_ids_.find(wi.name);
+    if (id == run.worker_ids_.end() || id->second != w) return "worker names out of step";
+    for (LeaseId l : wi.leases) {
+      auto it = run.leases_.find(l);
+      if (it == run.leases_.end() || !it->second.live || it->second.worker != w) {
+        return "worker " + wi.name + " holds lease " + std::to_string(l) + ", not live of it";
+      }
+    }
+  }
+  for (const Run::Resolved& r : run.history_) {
+    if (static_cast<uint64_t>(r.outcome) > static_cast<uint64_t>(CompletionOutcome::kStale)) {
+      return "a remembered lease outcome outside the enum";
+    }
+  }
+  return {};
+}
+
+std::string RunCodec::encode(const Run& run, bool last_seen) {
   Writer w;
   w.u64(kMagic);
   w.u64(kFormat);
@@ -260,7 +370,9 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   run->epochs_.clear();
   run->running_.clear();
   run->dev_to_judge_.clear();
-  run->state_ = static_cast<RunState>(r.u64());
+  const uint64_t state = r.u64();
+  if (state > static_cast<uint64_t>(RunState::kFailed)) return corrupt("an unknown run state");
+  run->state_ = static_cast<RunState>(state);
   run->state_reason_ = r.str();
 
   EarlyStopState es;
@@ -279,7 +391,9 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
     Epoch e;
     e.plan.epoch = r.i64();
-    e.plan.set = static_cast<SetKind>(r.u64() & 1);
+    const uint64_t set = r.u64();
+    if (set > static_cast<uint64_t>(SetKind::kDev)) return corrupt("an unknown set");
+    e.plan.set = static_cast<SetKind>(set);
     e.plan.first_job = r.u64();
     e.plan.end_job = r.u64();
     e.set_batches = r.u64();
@@ -381,7 +495,9 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
         run->live_order_.push_back(id);
         l.order = std::prev(run->live_order_.end());
       }
-      run->leases_.emplace(id, l);
+      if (!run->leases_.emplace(id, l).second) {
+        return corrupt("lease " + std::to_string(id) + " twice");
+      }
     }
   }
   run->history_.clear();
@@ -389,7 +505,11 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     Run::Resolved res;
     res.lease = r.u64();
     res.worker = static_cast<WorkerId>(r.u64());
-    res.outcome = static_cast<CompletionOutcome>(r.u64());
+    const uint64_t outcome = r.u64();
+    if (outcome > static_cast<uint64_t>(CompletionOutcome::kStale)) {
+      return corrupt("an unknown lease outcome");
+    }
+    res.outcome = static_cast<CompletionOutcome>(outcome);
     run->history_.push_back(res);
   }
   RunCounters& c = run->counters_;
@@ -401,6 +521,10 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   run->event_seq_ = r.u64();
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");
+  // What save() asserted of the run it saved.
+  if (const std::string broken = inconsistency(*run); !broken.empty()) {
+    return corrupt("inconsistent: " + broken);
+  }
   return run;
 }
 

@@ -23,9 +23,21 @@ class RunCodec {
   static std::string save(const Run& run, bool last_seen);
 
   // A run with `config` (the one it was saved with) and the saved state. Fails with
-  // kInvalidArgument when the bytes are truncated, corrupt, or of another format version.
+  // kInvalidArgument when the bytes are truncated, corrupt, or of another format version, or
+  // when the state they hold breaks an invariant of Run (a lease of an unknown worker or job, a
+  // count that disagrees with what it counts, a value outside its enum): a damaged snapshot is
+  // an error that says so, never a run that crashes later.
+  //
+  // Paired assertions (as TigerBeetle pairs its codecs): save() asserts of the run it saves
+  // the same invariants that load() checks of what it reads, and in builds without NDEBUG that
+  // the bytes load back to a run that saves the same bytes.
   static Result<std::unique_ptr<Run>> load(RunConfig config, std::string_view bytes,
                                            const Clock& clock);
+
+ private:
+  static std::string encode(const Run& run, bool last_seen);
+  // What invariant of Run `run` breaks, or empty when it keeps them all.
+  static std::string inconsistency(const Run& run);
 };
 
 }  // namespace traincoord

@@ -19,6 +19,30 @@ Result<void> require(bool ok, const char* field, std::string message) {
 
 }  // namespace
 
+std::string_view batch_order_name(BatchOrder order) { return enum_name(kBatchOrderNames, order); }
+std::optional<BatchOrder> parse_batch_order(std::string_view name) {
+  return parse_enum<BatchOrder>(kBatchOrderNames, name);
+}
+
+std::string_view job_failure_policy_name(JobFailurePolicy policy) {
+  return enum_name(kJobFailurePolicyNames, policy);
+}
+std::optional<JobFailurePolicy> parse_job_failure_policy(std::string_view name) {
+  return parse_enum<JobFailurePolicy>(kJobFailurePolicyNames, name);
+}
+
+std::string_view early_stop_kind_name(EarlyStopKind kind) {
+  return enum_name(kEarlyStopKindNames, kind);
+}
+std::optional<EarlyStopKind> parse_early_stop_kind(std::string_view name) {
+  return parse_enum<EarlyStopKind>(kEarlyStopKindNames, name);
+}
+
+std::string_view monitor_mode_name(MonitorMode mode) { return enum_name(kMonitorModeNames, mode); }
+std::optional<MonitorMode> parse_monitor_mode(std::string_view name) {
+  return parse_enum<MonitorMode>(kMonitorModeNames, name);
+}
+
 Result<void> validate_run_name(std::string_view name, const char* field) {
   if (auto r = require(!name.empty(), field, "a run needs a name"); !r) return r;
   if (auto r = require(name.size() <= 128, field, "at most 128 characters"); !r) return r;

@@ -1,19 +1,44 @@
 // The configuration of one training run, as the core sees it (already parsed).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace traincoord {
 
+// Each enum of the config with its names, as the config file and the API spell them, in the
+// order of its values: the one table that naming, parsing and the config's list of choices
+// read. `*_name` returns the name of a value; `parse_*` the value of a name, or nullopt when it
+// names none.
 enum class BatchOrder { kSequential, kShuffled };
+inline constexpr std::array<std::string_view, 2> kBatchOrderNames = {"sequential", "shuffled"};
+std::string_view batch_order_name(BatchOrder order);
+std::optional<BatchOrder> parse_batch_order(std::string_view name);
+
+// What becomes of a job that failed max_attempts times: the run fails, or the job is skipped.
 enum class JobFailurePolicy { kFailRun, kSkip };
+inline constexpr std::array<std::string_view, 2> kJobFailurePolicyNames = {"fail_run", "skip"};
+std::string_view job_failure_policy_name(JobFailurePolicy policy);
+std::optional<JobFailurePolicy> parse_job_failure_policy(std::string_view name);
+
+// The early-stop rule (config key early_stop.rule).
 enum class EarlyStopKind { kNone, kWindow, kPatience };
+inline constexpr std::array<std::string_view, 3> kEarlyStopKindNames = {"none", "window",
+                                                                        "patience"};
+std::string_view early_stop_kind_name(EarlyStopKind kind);
+std::optional<EarlyStopKind> parse_early_stop_kind(std::string_view name);
+
+// Whether the patience rule's monitored value improves downwards or upwards.
 enum class MonitorMode { kMin, kMax };
+inline constexpr std::array<std::string_view, 2> kMonitorModeNames = {"min", "max"};
+std::string_view monitor_mode_name(MonitorMode mode);
+std::optional<MonitorMode> parse_monitor_mode(std::string_view name);
 
 // The original coordinator's rule: stop when the latest dev loss exceeds the maximum of the
 // previous n-1, or when it is within mean_threshold of their mean while their std is below

@@ -651,5 +651,50 @@ TEST(RunCodec, RefusesCorruptBytes) {
   EXPECT_FALSE(RunCodec::load(small_config(), saved + "x", clock));
 }
 
+TEST(RunCodec, RefusesAStateOutsideItsEnumNamingWhatIsWrong) {
+  ManualClock clock;
+  traincoord::Run run(small_config(), clock);
+  std::string saved = RunCodec::save(run);
+  // magic (5 bytes as a varint), format (1 byte), then the run's state.
+  ASSERT_EQ(saved[6], 0);
+  saved[6] = 9;
+  auto loaded = RunCodec::load(small_config(), saved, clock);
+  ASSERT_FALSE(loaded);
+  EXPECT_EQ(loaded.error().field, "snapshot");
+  EXPECT_NE(loaded.error().message.find("unknown run state"), std::string::npos)
+      << loaded.error().message;
+}
+
+// Paired with save(), which asserts what load() checks: whatever byte of a snapshot is damaged,
+// load() either refuses it or returns a run that keeps every invariant (saving it again would
+// stop the program otherwise).
+TEST(RunCodec, ADamagedSnapshotIsAnErrorOrAConsistentRunNeverACrash) {
+  ManualClock clock;
+  RunConfig c = small_config();
+  traincoord::Run run(c, clock);
+  const WorkerId a = run.join("a"), b = run.join("b");
+  ASSERT_TRUE(run.acquire(a));
+  const Job done = run.acquire(b)->job;
+  ASSERT_TRUE(run.complete(b, done.lease, loss_of(2.0)));
+  clock.advance(1500);  // a's lease expires
+  ASSERT_TRUE(run.acquire(b));
+  const std::string saved = RunCodec::save(run);
+  int refused = 0;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    for (unsigned char flip : {0x01, 0x02, 0x10, 0x80, 0xff}) {
+      std::string damaged = saved;
+      damaged[i] = static_cast<char>(damaged[i] ^ flip);
+      auto loaded = RunCodec::load(c, damaged, clock);
+      if (!loaded) {
+        refused += 1;
+        EXPECT_EQ(loaded.error().field, "snapshot");
+        continue;
+      }
+      (void)RunCodec::save(**loaded);  // asserts the invariants it loaded
+    }
+  }
+  EXPECT_GT(refused, 0);
+}
+
 }  // namespace
 }  // namespace traincoord

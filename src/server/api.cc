@@ -222,16 +222,6 @@ Result<uint64_t> read_jobs(Fields& body) {
   return jobs;
 }
 
-std::string_view order_name(BatchOrder o) {
-  return o == BatchOrder::kSequential ? "sequential" : "shuffled";
-}
-
-std::string_view rule_name(EarlyStopKind k) {
-  return k == EarlyStopKind::kWindow     ? "window"
-         : k == EarlyStopKind::kPatience ? "patience"
-                                         : "none";
-}
-
 void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
   std::vector<uint64_t> batches;
   batches.reserve(job.positions.count);
@@ -341,7 +331,7 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   j.field("batch_size", c.batch_size);
   if (c.train_samples > 0) j.field("train_samples", c.train_samples);
   if (c.dev_samples > 0) j.field("dev_samples", c.dev_samples);
-  j.field("order", order_name(c.order));
+  j.field("order", batch_order_name(c.order));
   j.field("seed", c.seed);
   j.field("epochs", c.epochs);
   j.field("validation_every", c.validation_every);
@@ -353,8 +343,8 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   j.field("overlap_epochs", c.overlap_epochs);
   j.field("lease_timeout_ms", c.lease_timeout_ms);
   j.field("max_attempts", c.max_attempts);
-  j.field("on_job_failure", c.on_job_failure == JobFailurePolicy::kSkip ? "skip" : "fail_run");
-  j.field("early_stop", rule_name(c.early_stop.kind));
+  j.field("on_job_failure", job_failure_policy_name(c.on_job_failure));
+  j.field("early_stop", early_stop_kind_name(c.early_stop.kind));
   j.end_object();
 }
 
@@ -473,7 +463,7 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now) {
 
   const EarlyStopState& es = run.early_stop().state();
   j.key("early_stop").begin_object();
-  j.field("rule", rule_name(run.config().early_stop.kind));
+  j.field("rule", early_stop_kind_name(run.config().early_stop.kind));
   j.field("monitor", run.early_stop().monitor());
   j.key("best_epoch");
   if (es.best_epoch) {

@@ -8,6 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string>
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/rand.h>
 
 #include "core/run_config.h"
 
@@ -17,9 +22,11 @@ namespace {
 
 Result<std::string> random_token() {
   unsigned char bytes[32];
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
-    return failed_precondition("cannot read /dev/urandom to make a token");
+  if (RAND_bytes(bytes, sizeof bytes) != 1) {
+    char why[256];
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    return failed_precondition(std::string("cannot make a token: OpenSSL's random generator ") +
+                               "failed (" + why + "); check that the system can seed it");
   }
   std::string hex;
   char buf[3];
@@ -117,9 +124,7 @@ std::string_view bearer_token(std::string_view header) {
 
 bool equal_in_constant_time(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 Result<std::string> read_token_file(const std::string& path) {

@@ -1,5 +1,6 @@
 // Bearer tokens: an admin token for the coordinator, and a worker token per run
-// (docs/SECURITY.md). Tokens are 256 random bits, kept in files with mode 0600.
+// (docs/SECURITY.md). Tokens are 256 random bits (OpenSSL's RAND_bytes), kept in files with
+// mode 0600.
 #pragma once
 
 #include <map>
@@ -55,7 +56,8 @@ class Auth {
   std::vector<std::string> notices_;
 };
 
-// Compares in time that depends only on the lengths, not on where the strings differ.
+// Compares in time that depends only on the lengths, not on where the strings differ
+// (CRYPTO_memcmp).
 bool equal_in_constant_time(std::string_view a, std::string_view b);
 
 // Reads a token file (the first line, trimmed).

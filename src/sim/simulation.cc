@@ -12,6 +12,14 @@
 
 namespace traincoord {
 
+std::string_view completion_order_name(CompletionOrder order) {
+  return enum_name(kCompletionOrderNames, order);
+}
+
+std::optional<CompletionOrder> parse_completion_order(std::string_view name) {
+  return parse_enum<CompletionOrder>(kCompletionOrderNames, name);
+}
+
 double LossTable::loss(SetKind set, int64_t epoch) const {
   auto it = by_epoch.find({set, epoch});
   return it == by_epoch.end() ? constant : it->second;
@@ -119,10 +127,6 @@ Result<SimulationResult> simulate(const RunConfig& config, const SimulationOptio
 
 namespace {
 
-std::string_view order_name(CompletionOrder o) {
-  return o == CompletionOrder::kFifo ? "fifo" : o == CompletionOrder::kLifo ? "lifo" : "random";
-}
-
 std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -158,7 +162,7 @@ std::string validated_epochs(const SimulationResult& r) {
 void print_report(const SimulationResult& r, const SimulationOptions& o, std::ostream& out) {
   const Plan& p = r.plan;
   out << "run " << r.config.name << ": " << o.workers << " simulated workers, completion order "
-      << order_name(o.order) << (r.config.seed_compat ? ", seed_compat" : "")
+      << completion_order_name(o.order) << (r.config.seed_compat ? ", seed_compat" : "")
       << (r.config.overlap_epochs ? ", overlap_epochs" : "") << "\n";
   out << "plan: batches_per_job " << p.batches_per_job << ", batches_per_step "
       << p.batches_per_step << ", steps_per_epoch " << p.steps_per_epoch << "\n";
@@ -201,7 +205,9 @@ std::string trace_json(const SimulationResult& r, const SimulationOptions& o) {
   };
   const Plan& p = r.plan;
   w.begin_object();
-  w.field("run", r.config.name).field("workers", o.workers).field("order", order_name(o.order));
+  w.field("run", r.config.name)
+      .field("workers", o.workers)
+      .field("order", completion_order_name(o.order));
   w.key("plan").begin_object();
   w.field("batches_per_job", p.batches_per_job).field("batches_per_step", p.batches_per_step);
   w.field("steps_per_epoch", p.steps_per_epoch).field("start_epoch", p.start_epoch);

@@ -2,14 +2,17 @@
 // plan: which jobs go where, when validation runs, the epoch losses, and early stopping.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/run.h"
 #include "core/run_config.h"
@@ -26,7 +29,12 @@ struct LossTable {
 // Parses lines "SET EPOCH LOSS" (SET is train or dev; '#' starts a comment), e.g. "dev 3 0.82".
 Result<LossTable> parse_loss_table(std::string_view text, std::string_view source);
 
+// Which holding worker finishes next. Its names (--order, the trace) in the order of the values.
 enum class CompletionOrder { kFifo, kLifo, kRandom };
+inline constexpr std::array<std::string_view, 3> kCompletionOrderNames = {"fifo", "lifo", "random"};
+std::string_view completion_order_name(CompletionOrder order);
+// The order named `name`, or nullopt when it names none.
+std::optional<CompletionOrder> parse_completion_order(std::string_view name);
 
 struct SimulationOptions {
   int workers = 1;

@@ -178,7 +178,7 @@ Result<void> migrate_from_1(sqlite::Db& db) {
     return r;
   }
   auto fail = [&](Error e) -> Result<void> {
-    (void)db.exec("ROLLBACK");
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));
   };
   auto read = db.prepare("SELECT seq, run, time_ms, kind, target, body FROM log ORDER BY seq");
@@ -233,7 +233,7 @@ Result<void> migrate_from_2(sqlite::Db& db) {
                       "DROP TABLE completions;") +
           kCompletionsView + "PRAGMA user_version=3; COMMIT");
       !r) {
-    (void)db.exec("ROLLBACK");
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return r;
   }
   return {};
@@ -246,7 +246,7 @@ Result<void> migrate_from_3(sqlite::Db& db) {
                        "ALTER TABLE snapshots ADD COLUMN sum INTEGER;"
                        "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version=4; COMMIT");
       !r) {
-    (void)db.exec("ROLLBACK");
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return r;
   }
   return {};
@@ -766,7 +766,7 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
     // SQLITE_FULL: a write found no space (ENOSPC); nothing of the batch is kept, and it may
     // be written again later. Anything else (an fsync error above all) is not retried.
     last_write_full_ = sqlite3_errcode(db_.raw()) == SQLITE_FULL;
-    (void)db_.exec("ROLLBACK");
+    (void)db_.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));
   };
   if (auto r = begin_.run(); !r) return rollback(r.error());

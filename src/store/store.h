@@ -3,7 +3,7 @@
 // What it keeps, per run: the config; a snapshot of the run's whole state (RunCodec); the log of
 // every state-changing request since that snapshot, with its time; and, for people to query,
 // every accepted completion and every epoch's aggregates. Restart = load each snapshot, then
-// replay the log through the same code at the recorded times (server/restore.h): the core is
+// replay the log through the same code at the recorded times (server/journal.h): the core is
 // deterministic, so the state comes back exactly. Snapshots are taken every `snapshot_every`
 // records of a run, which bounds restart time however long the run.
 //

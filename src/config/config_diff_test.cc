@@ -1,0 +1,101 @@
+#include "config/config_diff.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace traincoord {
+namespace {
+
+struct Change {
+  std::string field;
+  std::function<void(RunConfig&)> apply;
+};
+
+// One change per field of the config file: a field that config_fields() lists must have one
+// here, so that each row is shown to compare the member it names.
+std::vector<Change> one_change_per_field() {
+  return {
+      {"data.train_batches", [](RunConfig& c) { c.train_batches += 1; }},
+      {"data.dev_batches", [](RunConfig& c) { c.dev_batches += 1; }},
+      {"data.batch_size", [](RunConfig& c) { c.batch_size += 1; }},
+      {"data.train_samples", [](RunConfig& c) { c.train_samples += 1; }},
+      {"data.dev_samples", [](RunConfig& c) { c.dev_samples += 1; }},
+      {"data.order", [](RunConfig& c) { c.order = BatchOrder::kSequential; }},
+      {"data.seed", [](RunConfig& c) { c.seed += 1; }},
+      {"schedule.gpus_per_worker", [](RunConfig& c) { c.gpus_per_worker += 1; }},
+      {"schedule.iters_per_worker", [](RunConfig& c) { c.iters_per_worker += 1; }},
+      {"schedule.replicas_to_agg", [](RunConfig& c) { c.replicas_to_agg += 1; }},
+      {"schedule.epochs", [](RunConfig& c) { c.epochs += 1; }},
+      {"schedule.validation_every", [](RunConfig& c) { c.validation_every += 1; }},
+      {"schedule.start_step", [](RunConfig& c) { c.start_step += 1; }},
+      {"schedule.seed_compat", [](RunConfig& c) { c.seed_compat = !c.seed_compat; }},
+      {"schedule.overlap_epochs", [](RunConfig& c) { c.overlap_epochs = !c.overlap_epochs; }},
+      {"leases.timeout", [](RunConfig& c) { c.lease_timeout_ms += 1; }},
+      {"leases.max_attempts", [](RunConfig& c) { c.max_attempts += 1; }},
+      {"leases.on_job_failure", [](RunConfig& c) { c.on_job_failure = JobFailurePolicy::kSkip; }},
+      {"leases.history", [](RunConfig& c) { c.lease_history += 1; }},
+      {"early_stop.rule", [](RunConfig& c) { c.early_stop.kind = EarlyStopKind::kPatience; }},
+      {"early_stop.window", [](RunConfig& c) { c.early_stop.window.window += 1; }},
+      {"early_stop.mean_threshold", [](RunConfig& c) { c.early_stop.window.mean_threshold += 1; }},
+      {"early_stop.std_threshold", [](RunConfig& c) { c.early_stop.window.std_threshold += 1; }},
+      {"early_stop.monitor", [](RunConfig& c) { c.early_stop.patience.monitor = "accuracy"; }},
+      {"early_stop.mode", [](RunConfig& c) { c.early_stop.patience.mode = MonitorMode::kMax; }},
+      {"early_stop.min_delta", [](RunConfig& c) { c.early_stop.patience.min_delta += 1; }},
+      {"early_stop.patience", [](RunConfig& c) { c.early_stop.patience.patience += 1; }},
+      {"early_stop.baseline", [](RunConfig& c) { c.early_stop.patience.baseline = 0.5; }},
+      {"early_stop.stopping_threshold",
+       [](RunConfig& c) { c.early_stop.patience.stopping_threshold = 0.1; }},
+      {"early_stop.divergence_threshold",
+       [](RunConfig& c) { c.early_stop.patience.divergence_threshold = 9.0; }},
+      {"early_stop.check_finite",
+       [](RunConfig& c) {
+         c.early_stop.patience.check_finite = !c.early_stop.patience.check_finite;
+       }},
+  };
+}
+
+TEST(ConfigDiff, NamesExactlyTheFieldThatDiffers) {
+  const RunConfig base;
+  const std::vector<Change> changes = one_change_per_field();
+  ASSERT_EQ(changes.size(), config_fields().size());
+  std::set<std::string> listed;
+  for (const ConfigField& f : config_fields()) listed.insert(std::string(f.name));
+  EXPECT_EQ(listed.size(), config_fields().size()) << "a field is listed twice";
+  for (const Change& change : changes) {
+    EXPECT_EQ(listed.count(change.field), 1u) << change.field << " is not in config_fields()";
+    RunConfig changed = base;
+    change.apply(changed);
+    EXPECT_EQ(config_differences(base, changed), std::vector<std::string>{change.field});
+    EXPECT_EQ(config_differences(changed, base), std::vector<std::string>{change.field});
+  }
+}
+
+TEST(ConfigDiff, EqualConfigsDifferInNothingNotEvenTheirName) {
+  RunConfig a, b;
+  b.name = "another";
+  EXPECT_TRUE(config_differences(a, b).empty());
+  a.early_stop.patience.baseline = std::nan("");
+  b.early_stop.patience.baseline = std::nan("");
+  a.early_stop.window.mean_threshold = b.early_stop.window.mean_threshold = std::nan("");
+  EXPECT_TRUE(config_differences(a, b).empty());  // NaN equals NaN: nothing the user changed
+}
+
+TEST(ConfigDiff, AStartedRunTakesNewLeaseSettingsAndEarlyStopButKeepsItsPlan) {
+  for (const char* field :
+       {"leases.timeout", "leases.max_attempts", "leases.on_job_failure", "early_stop.rule",
+        "early_stop.window", "early_stop.patience", "early_stop.check_finite"}) {
+    EXPECT_TRUE(changeable_in_a_started_run(field)) << field;
+  }
+  for (const char* field : {"data.train_batches", "data.order", "data.seed", "schedule.epochs",
+                            "schedule.start_step", "leases.history", "name", "nonsense"}) {
+    EXPECT_FALSE(changeable_in_a_started_run(field)) << field;
+  }
+}
+
+}  // namespace
+}  // namespace traincoord
