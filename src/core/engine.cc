@@ -21,13 +21,15 @@ void Engine::adopt(std::unique_ptr<Run> run) {
 
 Result<Run*> Engine::find(std::string_view name) {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + std::string(name));
+  if (it == runs_.end())
+    return not_found("no run named " + std::string(name), error_reason::kRunNotFound);
   return it->second.get();
 }
 
 Result<const Run*> Engine::find(std::string_view name) const {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + std::string(name));
+  if (it == runs_.end())
+    return not_found("no run named " + std::string(name), error_reason::kRunNotFound);
   return it->second.get();
 }
 
