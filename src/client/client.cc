@@ -381,8 +381,8 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     auto res =
         connection_->request(http::verb::post, target, body, options_.request_timeout + extra_wait);
     ClientError error;
-    if (!res && res.error().code == codes::kTls)
-      return tl::unexpected(res.error());  // won't get better
+    // A TLS refusal won't get better.
+    if (!res && res.error().code == codes::kTls) return tl::unexpected(res.error());
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
       return tl::unexpected(reply::error(res->status, res->body));
