@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -33,6 +34,10 @@
 #include <tl/expected.hpp>
 
 namespace traincoord::client {
+
+namespace reply {
+struct Acquired;  // src/client/reply.h
+}
 
 struct Options {
   std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT, or https://HOST:PORT (TLS)
@@ -59,12 +64,25 @@ struct Options {
 
 struct ClientError {
   int http_status = 0;  // 0: no HTTP answer (unreachable, timed out, TLS refused)
-  // The server's error code ("invalid_argument", ...), "unreachable" (retried), or "tls" (the
-  // TLS handshake failed: a certificate that does not verify; not retried)
+  // What a program decides on (never on `message`): the coordinator's error code (docs/API.md
+  // lists them all; `codes` below names those a worker meets), or one of the client's own:
+  // "unreachable" (retried until give_up_after), "tls" (the TLS handshake failed: a certificate
+  // that does not verify; not retried), "bad_reply" (a reply without the fields it must have).
   std::string code;
   std::string message;
   std::string field;  // for invalid_argument: the offending field
 };
+
+// The codes of ClientError that a program acts on (docs/API.md says when and what to do).
+namespace codes {
+inline constexpr std::string_view kRunNotFound = "run_not_found";  // 404: no such run
+inline constexpr std::string_view kWorkerNotRegistered = "worker_not_registered";  // 404
+inline constexpr std::string_view kLeaseUnknown = "lease_unknown";     // 404: never issued
+inline constexpr std::string_view kLeaseNotYours = "lease_not_yours";  // 409
+inline constexpr std::string_view kUnreachable = "unreachable";        // the client's own
+inline constexpr std::string_view kTls = "tls";                        // the client's own
+inline constexpr std::string_view kBadReply = "bad_reply";             // the client's own
+}  // namespace codes
 
 template <typename T>
 using Result = tl::expected<T, ClientError>;
@@ -147,7 +165,10 @@ class Worker {
                            std::chrono::milliseconds extra_wait);
   Result<std::string> acquire(size_t jobs);  // one acquire; jobs > 0: "jobs": N
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
-  Result<std::vector<Job>> take_jobs(const std::string& reply_json, bool nested);
+  // nested: the reply of `sent` completions, with the jobs under "next".
+  Result<std::vector<Job>> take_jobs(const std::string& reply_json, bool nested, size_t sent);
+  Result<std::vector<Job>> take_acquired(reply::Acquired acquired);
+  std::string request_name(const std::string& action) const;  // "POST /v1/runs/RUN/ACTION"
   std::string completion_body(const Job& job, const Completion& completion, bool next) const;
   void heartbeat_loop();
   void hold(uint64_t lease);  // the heartbeat thread keeps these leases alive, and only these

@@ -14,6 +14,10 @@ The Python standard library only, except ``traincoord.torch`` (PyTorch).
 """
 
 from .client import (
+    LEASE_NOT_YOURS,
+    LEASE_UNKNOWN,
+    RUN_NOT_FOUND,
+    WORKER_NOT_REGISTERED,
     CoordinatorError,
     Finished,
     Job,
@@ -22,5 +26,6 @@ from .client import (
     Unreachable,
 )
 
-__all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable"]
+__all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
+           "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND", "WORKER_NOT_REGISTERED"]
 __version__ = "0.1.0"

@@ -22,8 +22,24 @@ from typing import Any, Callable, Iterator, Mapping
 log = logging.getLogger("traincoord")
 
 
+# Error codes a program acts on (docs/API.md lists every code, when, and what to do): decide on
+# CoordinatorError.code, never on its message.
+RUN_NOT_FOUND = "run_not_found"
+WORKER_NOT_REGISTERED = "worker_not_registered"  # the coordinator forgot us: register again
+LEASE_UNKNOWN = "lease_unknown"  # a lease the coordinator never issued (or forgot)
+LEASE_NOT_YOURS = "lease_not_yours"
+# The coordinator restarted without its state and no longer knows the worker or the lease: a
+# completion is lost and its job will be handed out again.
+_FORGOTTEN = (WORKER_NOT_REGISTERED, LEASE_UNKNOWN)
+
+
 class CoordinatorError(Exception):
-    """The coordinator refused a request (HTTP 4xx), or could not be reached (Unreachable)."""
+    """The coordinator refused a request (HTTP 4xx), or could not be reached (Unreachable).
+
+    ``code`` is what a program decides on: the coordinator's error code (``run_not_found``,
+    ``worker_not_registered``, ``lease_unknown``, ``lease_not_yours``, ``invalid_argument``, ...;
+    docs/API.md), or the client's own ``unreachable`` or ``tls``. ``status`` is the HTTP status
+    (0: no answer), ``field`` the offending request field, ``message`` for people."""
 
     def __init__(self, message: str, status: int = 0, code: str = "", field: str = "") -> None:
         super().__init__(message)
@@ -335,11 +351,11 @@ class Run:
         try:
             reply = self._post("complete", body, extra=self.long_poll if wait else 0)
         except CoordinatorError as e:
-            if e.status != 404:
+            if e.code not in _FORGOTTEN:
                 raise
             for job in done:  # the coordinator lost its state; the jobs will be handed out again
                 job.outcome = "lost"
-            if "has not registered" in e.message:
+            if e.code == WORKER_NOT_REGISTERED:
                 self._register()
             return self._next_group(wait)
         for job, outcome in zip(done, reply["outcomes"]):
@@ -453,12 +469,12 @@ class Run:
         try:
             reply = self._post("complete", body, extra=self.long_poll if next_job and wait else 0)
         except CoordinatorError as e:
-            if e.status != 404:
+            if e.code not in _FORGOTTEN:
                 raise
             # The coordinator restarted without its state and no longer knows the lease; the
             # job will be handed out again.
             job.outcome = "lost"
-            if "has not registered" in e.message:
+            if e.code == WORKER_NOT_REGISTERED:
                 self._register()
             return self.next_job(wait=wait) if next_job else None
         job.outcome = reply["outcome"]
@@ -479,8 +495,7 @@ class Run:
         try:
             return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra, conn)
         except CoordinatorError as e:
-            if (not registering and e.status == 404 and "has not registered" in e.message
-                    and action != "complete"):
+            if not registering and e.code == WORKER_NOT_REGISTERED and action != "complete":
                 self._register(conn)  # the coordinator restarted without our registration
                 body = {**body, "worker": self.id}
                 return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra, conn)
@@ -770,8 +785,8 @@ class JobFeed:
                 run._post("release", {"worker": run.id, "leases": [j.lease for j in releases]},
                           conn=self._conn)
             except CoordinatorError as e:
-                if e.status != 404:
-                    raise  # 404: the coordinator lost them already; they go out again anyway
+                if e.code not in _FORGOTTEN:
+                    raise  # else the coordinator lost them already; they go out again anyway
         reply = None
         if done:
             for job in done:
@@ -783,11 +798,11 @@ class JobFeed:
             try:
                 reply = run._post("complete", body, conn=self._conn)
             except CoordinatorError as e:
-                if e.status != 404:
+                if e.code not in _FORGOTTEN:
                     raise
                 for job in done:  # the coordinator lost its state: the jobs go out again
                     job.outcome = "lost"
-                if "has not registered" in e.message:
+                if e.code == WORKER_NOT_REGISTERED:
                     run._register(self._conn)
             else:
                 for job, outcome in zip(done, reply["outcomes"]):

@@ -120,7 +120,7 @@ namespace {
 
 int report(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";
-  return e.http_status == 404 ? 3 : 1;
+  return e.code == client::codes::kRunNotFound ? 3 : 1;  // 3: no such run
 }
 
 }  // namespace

@@ -14,13 +14,13 @@
 #include <random>
 #include <thread>
 
-#include <rapidjson/document.h>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "client/reply.h"
 #include "client/wire.h"
 #include "json/json_writer.h"
 
@@ -64,7 +64,9 @@ Result<Endpoint> parse_url(const std::string& url) {
   return e;
 }
 
-ClientError unreachable(const std::string& what) { return ClientError{0, "unreachable", what, {}}; }
+ClientError unreachable(const std::string& what) {
+  return ClientError{0, std::string(codes::kUnreachable), what, {}};
+}
 
 std::string env_or(const std::string& value, const char* variable) {
   if (!value.empty()) return value;
@@ -107,20 +109,6 @@ Result<std::shared_ptr<ssl::context>> make_tls_context(std::string ca_file, std:
     }
   }
   return ctx;
-}
-
-ClientError error_from(int status, const std::string& body) {
-  ClientError e{status, "http_" + std::to_string(status), body, {}};
-  rapidjson::Document d;
-  d.Parse(body.c_str());
-  if (!d.HasParseError() && d.IsObject() && d.HasMember("error") && d["error"].IsObject()) {
-    const auto& err = d["error"];
-    if (err.HasMember("code") && err["code"].IsString()) e.code = err["code"].GetString();
-    if (err.HasMember("message") && err["message"].IsString())
-      e.message = err["message"].GetString();
-    if (err.HasMember("field") && err["field"].IsString()) e.field = err["field"].GetString();
-  }
-  return e;
 }
 
 // A fresh id for one logical acquire: its retries (inside Worker::call) carry the same id, so
@@ -195,7 +183,7 @@ class Connection {
       // handshake): retrying will not help.
       if (result.category() == asio::error::get_ssl_category()) {
         return tl::unexpected(ClientError{0,
-                                          "tls",
+                                          std::string(codes::kTls),
                                           "the coordinator at " + endpoint_.host + ":" +
                                               endpoint_.port + " refused TLS: " + result.message(),
                                           {}});
@@ -284,7 +272,7 @@ class Connection {
     }
     return tl::unexpected(ClientError{
         0,
-        "tls",
+        std::string(codes::kTls),
         "TLS handshake with " + endpoint_.host + ":" + endpoint_.port + " failed: " + why,
         {}});
   }
@@ -367,17 +355,17 @@ Result<void> Worker::register_worker() {
   j.begin_object().field("name", options_.worker_name).end_object();
   auto reply = call("workers", j.str(), milliseconds(0));
   if (!reply) return tl::unexpected(reply.error());
-  rapidjson::Document d;
-  d.Parse(reply->c_str());
-  if (d.HasParseError() || !d.IsObject() || !d.HasMember("worker")) {
-    return tl::unexpected(
-        ClientError{200, "bad_reply", "unexpected registration reply: " + *reply, {}});
-  }
-  id_ = d["worker"].GetUint();
-  if (d.HasMember("heartbeat_interval_ms")) {
-    heartbeat_interval_ = milliseconds(d["heartbeat_interval_ms"].GetInt64());
+  auto registered = reply::registration(*reply, request_name("workers"));
+  if (!registered) return tl::unexpected(registered.error());
+  id_ = registered->worker;
+  if (registered->heartbeat_interval_ms) {
+    heartbeat_interval_ = milliseconds(*registered->heartbeat_interval_ms);
   }
   return {};
+}
+
+std::string Worker::request_name(const std::string& action) const {
+  return "POST /v1/runs/" + options_.run + "/" + action;
 }
 
 // POSTs to /v1/runs/RUN/ACTION, retrying while the coordinator is unreachable or answers 5xx,
@@ -393,12 +381,13 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     auto res =
         connection_->request(http::verb::post, target, body, options_.request_timeout + extra_wait);
     ClientError error;
-    if (!res && res.error().code == "tls") return tl::unexpected(res.error());  // won't get better
+    // A TLS refusal won't get better.
+    if (!res && res.error().code == codes::kTls) return tl::unexpected(res.error());
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
-      return tl::unexpected(error_from(res->status, res->body));
+      return tl::unexpected(reply::error(res->status, res->body));
     }
-    error = res ? error_from(res->status, res->body) : res.error();
+    error = res ? reply::error(res->status, res->body) : res.error();
     const auto now = std::chrono::steady_clock::now();
     if (!failing_since) failing_since = now;
     if (now - *failing_since >= first_failure_limit) {
@@ -416,45 +405,39 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
   }
 }
 
-namespace {
-
-Job parse_job(const rapidjson::Value& v) {
-  Job job;
-  job.lease = v["lease"].GetUint64();
-  job.attempt = v["attempt"].GetUint();
-  job.set = v["set"].GetString();
-  job.epoch = v["epoch"].GetInt64();
-  job.index = v["index"].GetUint64();
-  job.jobs_in_epoch = v["jobs_in_epoch"].GetUint64();
-  for (const auto& b : v["batches"].GetArray()) job.batches.push_back(b.GetUint64());
-  return job;
+// Takes an acquire's answer: holds its jobs' leases, notes a finished run. "wait": an error with
+// that code, and the caller asks again.
+Result<std::vector<Job>> Worker::take_acquired(reply::Acquired acquired) {
+  switch (acquired.status) {
+    case reply::Acquired::Status::kJob:
+      for (const Job& job : acquired.jobs) hold(job.lease);
+      return std::move(acquired.jobs);
+    case reply::Acquired::Status::kFinished:
+      finished_ = std::move(acquired.finished);
+      return std::vector<Job>();
+    case reply::Acquired::Status::kWait:
+      break;
+  }
+  return tl::unexpected(ClientError{200, "wait", "", {}});
 }
-
-}  // namespace
 
 // Reads an acquire reply ({"status": "job"|"wait"|"finished", ...}); nested: the acquire is the
 // "next" member of a completion reply.
 Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
-  rapidjson::Document d;
-  d.Parse(reply.c_str());
-  if (d.HasParseError() || !d.IsObject()) {
-    return tl::unexpected(ClientError{200, "bad_reply", "unexpected reply: " + reply, {}});
-  }
+  Result<reply::Acquired> acquired;
   if (nested) {
-    last_completed_ = {d["outcome"].GetString(), d["counted"].GetBool()};
+    auto done = reply::completion(reply, false, 1, true, request_name("complete"));
+    if (!done) return tl::unexpected(done.error());
+    last_completed_ = done->outcomes.front();
+    acquired = std::move(*done->next);
+  } else {
+    acquired = reply::acquired(reply, false, request_name("acquire"));
+    if (!acquired) return tl::unexpected(acquired.error());
   }
-  const rapidjson::Value& a = nested ? d["next"] : d;
-  const std::string status = a["status"].GetString();
-  if (status == "job") {
-    Job job = parse_job(a["job"]);
-    hold(job.lease);
-    return std::optional<Job>(std::move(job));
-  }
-  if (status == "finished") {
-    finished_ = Finished{a["state"].GetString(), a["reason"].GetString()};
-    return std::optional<Job>();
-  }
-  return tl::unexpected(ClientError{200, "wait", "", {}});  // the caller asks again
+  auto jobs = take_acquired(std::move(*acquired));
+  if (!jobs) return tl::unexpected(jobs.error());
+  if (jobs->empty()) return std::optional<Job>();
+  return std::optional<Job>(std::move(jobs->front()));
 }
 
 // One acquire ("jobs": N when jobs > 0): the reply. The coordinator restarted without our
@@ -469,8 +452,7 @@ Result<std::string> Worker::acquire(size_t jobs) {
     if (jobs > 0) j.field("jobs", static_cast<uint64_t>(jobs));
     j.end_object();
     auto reply = call("acquire", j.str(), options_.long_poll);
-    if (!reply && reply.error().code == "not_found" &&
-        reply.error().message.find("has not registered") != std::string::npos) {
+    if (!reply && reply::unregistered(reply.error())) {
       if (auto r = register_worker(); !r) return tl::unexpected(r.error());
       continue;
     }
@@ -509,19 +491,19 @@ Result<Completed> Worker::complete(const Job& job, const Completion& c) {
   drop(job.lease);
   auto reply = call("complete", completion_body(job, c, false), milliseconds(0));
   if (!reply) {
-    if (reply.error().code == "not_found") {
+    if (reply::forgotten(reply.error())) {
       // The coordinator restarted without its state: it does not know this lease (or us).
       last_completed_ = {"lost", false};
-      if (reply.error().message.find("has not registered") != std::string::npos) {
+      if (reply::unregistered(reply.error())) {
         if (auto r = register_worker(); !r) return tl::unexpected(r.error());
       }
       return last_completed_;
     }
     return tl::unexpected(reply.error());
   }
-  rapidjson::Document d;
-  d.Parse(reply->c_str());
-  last_completed_ = {d["outcome"].GetString(), d["counted"].GetBool()};
+  auto done = reply::completion(*reply, false, 1, false, request_name("complete"));
+  if (!done) return tl::unexpected(done.error());
+  last_completed_ = done->outcomes.front();
   return last_completed_;
 }
 
@@ -529,7 +511,7 @@ Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Compl
   drop(job.lease);
   auto reply = call("complete", completion_body(job, c, true), options_.long_poll);
   if (!reply) {
-    if (reply.error().code == "not_found") {
+    if (reply::forgotten(reply.error())) {
       auto done = complete(job, c);  // registers again where needed; says "lost"
       if (!done) return tl::unexpected(done.error());
       return next();
@@ -542,41 +524,26 @@ Result<std::optional<Job>> Worker::complete_and_next(const Job& job, const Compl
 }
 
 // Reads a reply that lists its jobs ("jobs": N asked); nested: under "next" of a completion
-// reply, whose "outcomes" go to last_outcomes_.
-Result<std::vector<Job>> Worker::take_jobs(const std::string& reply, bool nested) {
-  rapidjson::Document d;
-  d.Parse(reply.c_str());
-  if (d.HasParseError() || !d.IsObject()) {
-    return tl::unexpected(ClientError{200, "bad_reply", "unexpected reply: " + reply, {}});
-  }
+// reply of `sent` completions, whose "outcomes" go to last_outcomes_.
+Result<std::vector<Job>> Worker::take_jobs(const std::string& reply, bool nested, size_t sent) {
+  Result<reply::Acquired> acquired;
   if (nested) {
-    last_outcomes_.clear();
-    for (const auto& o : d["outcomes"].GetArray()) {
-      last_outcomes_.push_back({o["outcome"].GetString(), o["counted"].GetBool()});
-    }
+    auto done = reply::completion(reply, true, sent, true, request_name("complete"));
+    if (!done) return tl::unexpected(done.error());
+    last_outcomes_ = std::move(done->outcomes);
+    acquired = std::move(*done->next);
+  } else {
+    acquired = reply::acquired(reply, true, request_name("acquire"));
+    if (!acquired) return tl::unexpected(acquired.error());
   }
-  const rapidjson::Value& a = nested ? d["next"] : d;
-  const std::string status = a["status"].GetString();
-  std::vector<Job> jobs;
-  if (status == "job") {
-    for (const auto& v : a["jobs"].GetArray()) {
-      jobs.push_back(parse_job(v));
-      hold(jobs.back().lease);
-    }
-    return jobs;
-  }
-  if (status == "finished") {
-    finished_ = Finished{a["state"].GetString(), a["reason"].GetString()};
-    return jobs;
-  }
-  return tl::unexpected(ClientError{200, "wait", "", {}});  // the caller asks again
+  return take_acquired(std::move(*acquired));
 }
 
 Result<std::vector<Job>> Worker::next_jobs(size_t n) {
   while (true) {
     auto reply = acquire(n);
     if (!reply) return tl::unexpected(reply.error());
-    auto jobs = take_jobs(*reply, false);
+    auto jobs = take_jobs(*reply, false, 0);
     if (jobs || jobs.error().code != "wait") return jobs;
   }
 }
@@ -596,15 +563,15 @@ Result<std::vector<Job>> Worker::complete_and_next_jobs(
   j.end_object();
   auto reply = call("complete", j.str(), options_.long_poll);
   if (!reply) {
-    if (reply.error().code != "not_found") return tl::unexpected(reply.error());
+    if (!reply::forgotten(reply.error())) return tl::unexpected(reply.error());
     // The coordinator restarted without its state: it knows none of these leases (or us).
     last_outcomes_.assign(done.size(), Completed{"lost", false});
-    if (reply.error().message.find("has not registered") != std::string::npos) {
+    if (reply::unregistered(reply.error())) {
       if (auto r = register_worker(); !r) return tl::unexpected(r.error());
     }
     return next_jobs(n);
   }
-  auto jobs = take_jobs(*reply, true);
+  auto jobs = take_jobs(*reply, true, done.size());
   if (!jobs && jobs.error().code == "wait") return next_jobs(n);
   return jobs;
 }
@@ -674,7 +641,7 @@ Result<std::string> once(http::verb method, const std::string& url, const std::s
   auto res = connection.request(method, path, body, timeout);
   if (!res) return tl::unexpected(res.error());
   if (res->status != 200 && res->status != 201) {
-    return tl::unexpected(error_from(res->status, res->body));
+    return tl::unexpected(reply::error(res->status, res->body));
   }
   return std::move(res->body);
 }

@@ -2,8 +2,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include <rapidjson/document.h>
-
+#include "client/reply.h"
 #include "client/wire.h"
 #include "core/sample_order.h"
 #include "json/json_writer.h"
@@ -111,25 +110,24 @@ void JobStream::loop() {
       }
       j.end_object();
       auto reply = worker_.call("complete", j.str(), std::chrono::milliseconds(0));
-      if (!reply && reply.error().code == "not_found") {
+      if (!reply && reply::forgotten(reply.error())) {
         // The coordinator restarted without its state: it knows none of these leases (or us);
         // the jobs will be handed out again.
         worker_.last_outcomes_.assign(done.size(), Completed{"lost", false});
-        if (reply.error().message.find("has not registered") != std::string::npos) {
+        if (reply::unregistered(reply.error())) {
           if (auto r = worker_.register_worker(); !r) got = tl::unexpected(r.error());
         }
       } else if (!reply) {
         got = tl::unexpected(reply.error());
       } else if (need > 0) {
-        got = worker_.take_jobs(*reply, true);
+        got = worker_.take_jobs(*reply, true, done.size());
       } else {
-        rapidjson::Document d;
-        d.Parse(reply->c_str());
-        worker_.last_outcomes_.clear();
-        if (!d.HasParseError() && d.IsObject() && d.HasMember("outcomes")) {
-          for (const auto& o : d["outcomes"].GetArray()) {
-            worker_.last_outcomes_.push_back({o["outcome"].GetString(), o["counted"].GetBool()});
-          }
+        auto outcomes =
+            reply::completion(*reply, true, done.size(), false, worker_.request_name("complete"));
+        if (outcomes) {
+          worker_.last_outcomes_ = std::move(outcomes->outcomes);
+        } else {
+          got = tl::unexpected(outcomes.error());
         }
       }
     } else if (need > 0) {
@@ -142,12 +140,11 @@ void JobStream::loop() {
           .field("jobs", static_cast<uint64_t>(need))
           .end_object();
       auto reply = worker_.call("acquire", j.str(), wait);
-      if (!reply && reply.error().code == "not_found" &&
-          reply.error().message.find("has not registered") != std::string::npos) {
+      if (!reply && reply::unregistered(reply.error())) {
         auto r = worker_.register_worker();  // the coordinator restarted without us: ask again
         got = r ? Result<std::vector<Job>>(std::vector<Job>()) : tl::unexpected(r.error());
       } else {
-        got = reply ? worker_.take_jobs(*reply, false) : tl::unexpected(reply.error());
+        got = reply ? worker_.take_jobs(*reply, false, 0) : tl::unexpected(reply.error());
       }
     }
     if (!got && got.error().code == "wait") {

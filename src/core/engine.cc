@@ -5,7 +5,8 @@ namespace traincoord {
 Result<Run*> Engine::create_run(RunConfig config) {
   if (auto ok = validate(config); !ok) return tl::unexpected(ok.error());
   if (runs_.count(config.name) != 0) {
-    return conflict("a run named " + config.name + " exists already; pick another name");
+    return conflict("a run named " + config.name + " exists already; pick another name",
+                    error_reason::kRunExists);
   }
   std::string name = config.name;
   auto run = std::make_unique<Run>(std::move(config), clock_);
@@ -21,13 +22,17 @@ void Engine::adopt(std::unique_ptr<Run> run) {
 
 Result<Run*> Engine::find(std::string_view name) {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + std::string(name));
+  if (it == runs_.end()) {
+    return not_found("no run named " + std::string(name), error_reason::kRunNotFound);
+  }
   return it->second.get();
 }
 
 Result<const Run*> Engine::find(std::string_view name) const {
   auto it = runs_.find(name);
-  if (it == runs_.end()) return not_found("no run named " + std::string(name));
+  if (it == runs_.end()) {
+    return not_found("no run named " + std::string(name), error_reason::kRunNotFound);
+  }
   return it->second.get();
 }
 

@@ -19,6 +19,10 @@ std::string_view error_code_name(ErrorCode code) {
   return "unknown";
 }
 
+std::string_view error_name(const Error& error) {
+  return error.reason.empty() ? error_code_name(error.code) : error.reason;
+}
+
 void assertion_failed(const char* expr, const char* file, int line) {
   std::fprintf(stderr, "traincoord: invariant broken: %s (%s:%d)\n", expr, file, line);
   std::abort();

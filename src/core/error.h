@@ -19,11 +19,29 @@ enum class ErrorCode {
 
 std::string_view error_code_name(ErrorCode code);
 
+// The specific codes a program acts on (docs/API.md has the table: the HTTP status, when, what a
+// client should do). They go out as the JSON error's "code"; an error without one goes out under
+// the generic name of its ErrorCode. Stable: a client matches them, so a code is never renamed.
+namespace error_reason {
+inline constexpr std::string_view kRunNotFound = "run_not_found";                  // kNotFound
+inline constexpr std::string_view kRunExists = "run_exists";                       // kConflict
+inline constexpr std::string_view kWorkerNotRegistered = "worker_not_registered";  // kNotFound
+inline constexpr std::string_view kLeaseUnknown = "lease_unknown";                 // kNotFound
+inline constexpr std::string_view kLeaseNotYours = "lease_not_yours";              // kConflict
+inline constexpr std::string_view kEpochNotStarted = "epoch_not_started";  // kFailedPrecondition
+}  // namespace error_reason
+
 struct Error {
   ErrorCode code;
   std::string message;  // says what was wrong and what to do
   std::string field;    // for kInvalidArgument: the offending field, if any
+  // The specific code a program acts on (a constant of error_reason: static storage); empty
+  // for errors no program reacts to.
+  std::string_view reason = {};
 };
+
+// The code a program sees for `error`: its reason, else error_code_name(error.code).
+std::string_view error_name(const Error& error);
 
 // A value or the Error that says why there is none. [[nodiscard]]: a call whose Result is
 // dropped is a compiler warning, so no failure goes unnoticed. Where dropping one is right,
@@ -43,14 +61,16 @@ class [[nodiscard]] Result : public tl::expected<T, Error> {
 inline tl::unexpected<Error> invalid_argument(std::string field, std::string message) {
   return tl::unexpected(Error{ErrorCode::kInvalidArgument, std::move(message), std::move(field)});
 }
-inline tl::unexpected<Error> not_found(std::string message) {
-  return tl::unexpected(Error{ErrorCode::kNotFound, std::move(message), {}});
+// `reason`: a constant of error_reason, or empty (see Error::reason).
+inline tl::unexpected<Error> not_found(std::string message, std::string_view reason = {}) {
+  return tl::unexpected(Error{ErrorCode::kNotFound, std::move(message), {}, reason});
 }
-inline tl::unexpected<Error> conflict(std::string message) {
-  return tl::unexpected(Error{ErrorCode::kConflict, std::move(message), {}});
+inline tl::unexpected<Error> conflict(std::string message, std::string_view reason = {}) {
+  return tl::unexpected(Error{ErrorCode::kConflict, std::move(message), {}, reason});
 }
-inline tl::unexpected<Error> failed_precondition(std::string message) {
-  return tl::unexpected(Error{ErrorCode::kFailedPrecondition, std::move(message), {}});
+inline tl::unexpected<Error> failed_precondition(std::string message,
+                                                 std::string_view reason = {}) {
+  return tl::unexpected(Error{ErrorCode::kFailedPrecondition, std::move(message), {}, reason});
 }
 
 }  // namespace traincoord

@@ -285,7 +285,8 @@ WorkerId Run::join(std::string_view name) {
 
 Result<WorkerInfo*> Run::worker_of(WorkerId worker) {
   if (worker >= workers_.size()) {
-    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name);
+    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name,
+                     error_reason::kWorkerNotRegistered);
   }
   WorkerInfo* w = &workers_[worker];
   w->last_seen = clock_.now();
@@ -466,24 +467,28 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request, uint32_t max_jo
 
 Result<void> Run::check_completion(WorkerId worker, LeaseId lease) const {
   if (worker >= workers_.size()) {
-    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name);
+    return not_found("worker " + std::to_string(worker) + " has not joined run " + config_.name,
+                     error_reason::kWorkerNotRegistered);
   }
   const std::string& name = workers_[worker].name;
   auto it = leases_.find(lease);
   if (it != leases_.end()) {
     if (it->second.worker == worker) return {};
     return conflict("lease " + std::to_string(lease) + " belongs to worker " +
-                    workers_[it->second.worker].name + ", not to " + name);
+                        workers_[it->second.worker].name + ", not to " + name,
+                    error_reason::kLeaseNotYours);
   }
   if (lease == 0 || lease > last_lease_) {
-    return not_found("lease " + std::to_string(lease) + " was never issued by run " + config_.name);
+    return not_found("lease " + std::to_string(lease) + " was never issued by run " + config_.name,
+                     error_reason::kLeaseUnknown);
   }
   const Resolved& r = history_.size() > lease % config_.lease_history
                           ? history_[lease % config_.lease_history]
                           : Resolved{};
   if (r.lease == lease && r.worker != worker) {
     return conflict("lease " + std::to_string(lease) + " belongs to worker " +
-                    workers_[r.worker].name + ", not to " + name);
+                        workers_[r.worker].name + ", not to " + name,
+                    error_reason::kLeaseNotYours);
   }
   return {};
 }
@@ -522,8 +527,9 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   if (it == leases_.end()) {
     if (lease == 0 || lease > last_lease_) {
       counters_.completions_unknown += 1;
-      return not_found("lease " + std::to_string(lease) + " was never issued by run " +
-                       config_.name);
+      return not_found(
+          "lease " + std::to_string(lease) + " was never issued by run " + config_.name,
+          error_reason::kLeaseUnknown);
     }
     const Resolved& r = history_.size() > lease % config_.lease_history
                             ? history_[lease % config_.lease_history]
@@ -535,7 +541,8 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
     if (r.worker != worker) {
       counters_.completions_foreign += 1;
       return conflict("lease " + std::to_string(lease) + " belongs to worker " +
-                      workers_[r.worker].name + ", not to " + (*w)->name);
+                          workers_[r.worker].name + ", not to " + (*w)->name,
+                      error_reason::kLeaseNotYours);
     }
     counters_.completions_duplicate += 1;
     return Completed{r.outcome == CompletionOutcome::kAccepted ? CompletionOutcome::kDuplicate
@@ -545,7 +552,8 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   if (l.worker != worker) {
     counters_.completions_foreign += 1;
     return conflict("lease " + std::to_string(lease) + " belongs to worker " +
-                    workers_[l.worker].name + ", not to " + (*w)->name);
+                        workers_[l.worker].name + ", not to " + (*w)->name,
+                    error_reason::kLeaseNotYours);
   }
   // The first valid completion of a job wins, also a late one from an expired lease: the
   // work is done, and any other lease of the job is superseded.
@@ -634,14 +642,16 @@ Result<void> Run::fail(WorkerId worker, LeaseId lease, std::string_view reason) 
   auto it = leases_.find(lease);
   if (it == leases_.end()) {
     if (lease == 0 || lease > last_lease_) {
-      return not_found("lease " + std::to_string(lease) + " was never issued by run " +
-                       config_.name);
+      return not_found(
+          "lease " + std::to_string(lease) + " was never issued by run " + config_.name,
+          error_reason::kLeaseUnknown);
     }
     return {};  // already resolved: nothing left to give up
   }
   if (it->second.worker != worker) {
     return conflict("lease " + std::to_string(lease) + " belongs to worker " +
-                    workers_[it->second.worker].name + ", not to " + (*w)->name);
+                        workers_[it->second.worker].name + ", not to " + (*w)->name,
+                    error_reason::kLeaseNotYours);
   }
   const uint32_t slot = it->second.epoch_slot;
   const uint64_t position = it->second.position;
@@ -706,8 +716,9 @@ Result<IndexReply> Run::next_index(SetKind set) {
   expire_leases();
   const auto& slot = latest_of_set_[static_cast<int>(set)];
   if (!slot) {
-    return failed_precondition("no " + std::string(set_name(set)) +
-                               " epoch has started yet in run " + config_.name);
+    return failed_precondition(
+        "no " + std::string(set_name(set)) + " epoch has started yet in run " + config_.name,
+        error_reason::kEpochNotStarted);
   }
   Epoch& e = epochs_[*slot];
   IndexReply r{e.plan.epoch, e.next_index++, std::nullopt};

@@ -591,8 +591,9 @@ Result<WorkerId> worker_field(Fields& body, const Run& run) {
   if (!w) return tl::unexpected(w.error());
   if (*w >= run.workers().size()) {
     return not_found("worker " + std::to_string(*w) + " has not registered with run " +
-                     run.config().name + " (register again: POST /v1/runs/" + run.config().name +
-                     "/workers)");
+                         run.config().name + " (register again: POST /v1/runs/" +
+                         run.config().name + "/workers)",
+                     error_reason::kWorkerNotRegistered);
   }
   return static_cast<WorkerId>(*w);
 }
@@ -610,7 +611,7 @@ HttpReply error_reply(int status, std::string_view code, std::string_view messag
 }
 
 HttpReply error_reply(const Error& e) {
-  return error_reply(http_status(e.code), error_code_name(e.code), e.message, e.field);
+  return error_reply(http_status(e.code), error_name(e), e.message, e.field);
 }
 
 std::vector<std::string> Api::expire_leases() {

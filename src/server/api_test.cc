@@ -90,7 +90,7 @@ TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
   EXPECT_STREQ(typo["error"]["field"].GetString(), "wait");
   auto foreign =
       json("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})", 409);
-  EXPECT_STREQ(foreign["error"]["code"].GetString(), "conflict");
+  EXPECT_STREQ(foreign["error"]["code"].GetString(), "lease_not_yours");
   json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 42, "loss": 1})", 404);
   json("POST", "/v1/runs/r/acquire", R"({"worker": 7})", 404);
   json("POST", "/v1/runs/nope/acquire", R"({"worker": 0})", 404);
@@ -105,6 +105,66 @@ TEST_F(ApiTest, ErrorsCarryStatusCodeAndField) {
   auto status = json("GET", "/v1/runs/r");
   EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
   EXPECT_EQ(status["progress"]["jobs_running"].GetUint64(), 1u);
+}
+
+// Every error a worker meets in its lifecycle has a code of its own (docs/API.md), which both
+// clients decide on; the HTTP status still says its kind.
+TEST_F(ApiTest, ErrorsAProgramActsOnHaveACodeOfTheirOwn) {
+  auto code = [&](const std::string& method, const std::string& target, const std::string& body,
+                  int status) {
+    auto d = json(method, target, body, status);
+    return std::string(d["error"]["code"].GetString());
+  };
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 2})");
+
+  EXPECT_EQ(code("POST", "/v1/runs/nope/acquire", R"({"worker": 0})", 404), "run_not_found");
+  EXPECT_EQ(code("GET", "/v1/runs/nope", "", 404), "run_not_found");
+  EXPECT_EQ(code("POST", "/v1/runs", R"({"name": "r", "data": {"train_batches": 4}})", 409),
+            "run_exists");
+  for (const char* action : {"acquire", "heartbeat", "leave"}) {
+    EXPECT_EQ(code("POST", std::string("/v1/runs/r/") + action, R"({"worker": 9})", 404),
+              "worker_not_registered")
+        << action;
+  }
+  EXPECT_EQ(code("POST", "/v1/runs/r/complete", R"({"worker": 9, "lease": 1, "loss": 1})", 404),
+            "worker_not_registered");
+  EXPECT_EQ(code("POST", "/v1/runs/r/release", R"({"worker": 9, "leases": [1]})", 404),
+            "worker_not_registered");
+  EXPECT_EQ(code("POST", "/v1/runs/r/fail", R"({"worker": 9, "lease": 1})", 404),
+            "worker_not_registered");
+
+  EXPECT_EQ(code("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 42, "loss": 1})", 404),
+            "lease_unknown");
+  EXPECT_EQ(
+      code("POST", "/v1/runs/r/complete",
+           R"({"worker": 0, "completions": [{"lease": 1, "loss": 1}, {"lease": 42, "loss": 1}]})",
+           404),
+      "lease_unknown");
+  EXPECT_EQ(code("POST", "/v1/runs/r/fail", R"({"worker": 0, "lease": 42})", 404), "lease_unknown");
+  EXPECT_EQ(code("POST", "/v1/runs/r/release", R"({"worker": 0, "leases": [42]})", 404),
+            "lease_unknown");
+
+  EXPECT_EQ(code("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})", 409),
+            "lease_not_yours");
+  EXPECT_EQ(code("POST", "/v1/runs/r/fail", R"({"worker": 1, "lease": 1})", 409),
+            "lease_not_yours");
+  EXPECT_EQ(code("POST", "/v1/runs/r/release", R"({"worker": 1, "leases": [2]})", 409),
+            "lease_not_yours");
+  // A lease completed and no longer live is still the other worker's.
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": 1})");
+  EXPECT_EQ(code("POST", "/v1/runs/r/complete", R"({"worker": 1, "lease": 1, "loss": 1})", 409),
+            "lease_not_yours");
+
+  EXPECT_EQ(code("POST", "/v1/runs/r/next_index", R"({"set": "dev"})", 409), "epoch_not_started");
+
+  // The errors no program reacts to keep their generic codes.
+  EXPECT_EQ(code("POST", "/v1/runs/r/acquire", R"({"worker": 0, "wait": 5})", 400),
+            "invalid_argument");
+  EXPECT_EQ(code("GET", "/v1/nothing", "", 404), "not_found");
+  EXPECT_EQ(code("POST", "/v1/runs/r/nothing", "{}", 404), "not_found");
+  EXPECT_EQ(code("GET", "/v1/runs/r/acquire", "", 405), "method_not_allowed");
 }
 
 TEST_F(ApiTest, SeveralJobsPerRequestAreHandedOutAndCompletedAsAList) {
@@ -154,7 +214,7 @@ TEST_F(ApiTest, AListOfCompletionsIsAllOrNothing) {
                       R"({"worker": 0, "completions": [{"lease": 1, "loss": 1},
                           {"lease": 3, "loss": 1}]})",
                       409);
-  EXPECT_STREQ(foreign["error"]["code"].GetString(), "conflict");
+  EXPECT_STREQ(foreign["error"]["code"].GetString(), "lease_not_yours");
   auto item = json("POST", "/v1/runs/r/complete",
                    R"({"worker": 0, "completions": [{"lease": 1, "loss": 1}, {"lease": 2}]})", 400);
   EXPECT_STREQ(item["error"]["field"].GetString(), "completions[1].loss");

@@ -1,0 +1,247 @@
+#include "client/reply.h"
+
+#include <rapidjson/document.h>
+
+namespace traincoord::client::reply {
+
+namespace {
+
+using rapidjson::Value;
+
+// Reads the fields of one reply, remembering the first one that is missing or of another type.
+// After that every read returns a placeholder, and the caller returns error() instead: the
+// values read are used only when ok().
+class Reader {
+ public:
+  explicit Reader(std::string_view what) : what_(what) {}
+
+  bool ok() const { return !problem_; }
+  ClientError error() const {
+    return ClientError{200, std::string(codes::kBadReply), *problem_, {}};
+  }
+  void fail(const std::string& why) {
+    if (!problem_) {
+      problem_ = "the reply to " + what_ + " " + why +
+                 " (is the coordinator of another version than this client?)";
+    }
+  }
+
+  // The document's top object, or null (and the error) when `body` is not a JSON object.
+  const Value* top(rapidjson::Document& d, const std::string& body) {
+    d.Parse(body.data(), body.size());
+    if (d.HasParseError() || !d.IsObject()) {
+      fail("is not a JSON object: " + body.substr(0, 200));
+      return nullptr;
+    }
+    return &d;
+  }
+
+  const Value* object(const Value& o, const std::string& path, const char* key) {
+    return get(o, path, key, &Value::IsObject, "an object");
+  }
+  const Value* array(const Value& o, const std::string& path, const char* key) {
+    return get(o, path, key, &Value::IsArray, "an array");
+  }
+  std::string string(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsString, "a string");
+    return v ? std::string(v->GetString(), v->GetStringLength()) : std::string();
+  }
+  bool boolean(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsBool, "true or false");
+    return v && v->GetBool();
+  }
+  uint64_t uint64(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsUint64, "an unsigned integer");
+    return v ? v->GetUint64() : 0;
+  }
+  uint32_t uint32(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsUint, "an unsigned 32-bit integer");
+    return v ? v->GetUint() : 0;
+  }
+  int64_t int64(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsInt64, "an integer");
+    return v ? v->GetInt64() : 0;
+  }
+  bool has(const Value& o, const char* key) const { return o.HasMember(key); }
+
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+ private:
+  const Value* get(const Value& o, const std::string& path, const char* key,
+                   bool (Value::*is)() const, const char* expected) {
+    if (!ok()) return nullptr;
+    const auto it = o.FindMember(key);
+    if (it == o.MemberEnd()) {
+      fail("lacks field '" + join(path, key) + "'");
+      return nullptr;
+    }
+    if (!(it->value.*is)()) {
+      fail("has field '" + join(path, key) + "' that is not " + expected);
+      return nullptr;
+    }
+    return &it->value;
+  }
+
+  std::string what_;
+  std::optional<std::string> problem_;
+};
+
+Job read_job(Reader& r, const Value& v, const std::string& path) {
+  Job job;
+  job.lease = r.uint64(v, path, "lease");
+  job.attempt = r.uint32(v, path, "attempt");
+  job.set = r.string(v, path, "set");
+  job.epoch = r.int64(v, path, "epoch");
+  job.index = r.uint64(v, path, "index");
+  job.jobs_in_epoch = r.uint64(v, path, "jobs_in_epoch");
+  if (const Value* batches = r.array(v, path, "batches")) {
+    for (const Value& b : batches->GetArray()) {
+      if (!b.IsUint64()) {
+        r.fail("has field '" + Reader::join(path, "batches") + "' that holds a non-batch number");
+        break;
+      }
+      job.batches.push_back(b.GetUint64());
+    }
+  }
+  return job;
+}
+
+// Each item of a list of objects `key` of `o`, given to `read` with its path ("jobs[2]").
+template <typename F>
+void each_object(Reader& r, const Value& o, const std::string& path, const char* key, F&& read) {
+  const Value* list = r.array(o, path, key);
+  if (list == nullptr) return;
+  size_t i = 0;
+  for (const Value& item : list->GetArray()) {
+    const std::string where = Reader::join(path, key) + "[" + std::to_string(i++) + "]";
+    if (!item.IsObject()) {
+      r.fail("has field '" + where + "' that is not an object");
+      return;
+    }
+    read(item, where);
+    if (!r.ok()) return;
+  }
+}
+
+Acquired read_acquired(Reader& r, const Value& a, const std::string& path, bool listed) {
+  Acquired out;
+  const std::string status = r.string(a, path, "status");
+  if (!r.ok()) return out;
+  if (status == "job") {
+    out.status = Acquired::Status::kJob;
+    if (listed) {
+      each_object(r, a, path, "jobs", [&](const Value& v, const std::string& where) {
+        out.jobs.push_back(read_job(r, v, where));
+      });
+      if (r.ok() && out.jobs.empty()) {
+        r.fail("has status 'job' but an empty '" + Reader::join(path, "jobs") + "'");
+      }
+    } else if (const Value* job = r.object(a, path, "job")) {
+      out.jobs.push_back(read_job(r, *job, Reader::join(path, "job")));
+    }
+  } else if (status == "finished") {
+    out.status = Acquired::Status::kFinished;
+    out.finished.state = r.string(a, path, "state");
+    out.finished.reason = r.string(a, path, "reason");
+  } else if (status == "wait") {
+    out.status = Acquired::Status::kWait;
+  } else {
+    r.fail("has field '" + Reader::join(path, "status") + "' with the unknown value '" +
+           status.substr(0, 64) + "'");
+  }
+  return out;
+}
+
+Completed read_completed(Reader& r, const Value& o, const std::string& path) {
+  Completed c;
+  c.outcome = r.string(o, path, "outcome");
+  c.counted = r.boolean(o, path, "counted");
+  return c;
+}
+
+}  // namespace
+
+Result<Registration> registration(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  Registration out;
+  if (top != nullptr) {
+    out.worker = r.uint32(*top, "", "worker");
+    if (r.has(*top, "heartbeat_interval_ms")) {
+      out.heartbeat_interval_ms = r.int64(*top, "", "heartbeat_interval_ms");
+      if (r.ok() && *out.heartbeat_interval_ms <= 0) {
+        r.fail("has field 'heartbeat_interval_ms' that is not positive");
+      }
+    }
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<Acquired> acquired(const std::string& body, bool listed, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  Acquired out;
+  if (top != nullptr) out = read_acquired(r, *top, "", listed);
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<CompletionReply> completion(const std::string& body, bool listed, size_t sent, bool next,
+                                   std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  CompletionReply out;
+  if (top != nullptr) {
+    if (listed) {
+      each_object(r, *top, "", "outcomes", [&](const Value& o, const std::string& where) {
+        out.outcomes.push_back(read_completed(r, o, where));
+      });
+      if (r.ok() && out.outcomes.size() != sent) {
+        r.fail("has " + std::to_string(out.outcomes.size()) + " outcomes for " +
+               std::to_string(sent) + " completions");
+      }
+    } else {
+      out.outcomes.push_back(read_completed(r, *top, ""));
+    }
+    if (next) {
+      if (const Value* a = r.object(*top, "", "next"))
+        out.next = read_acquired(r, *a, "next", listed);
+    }
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+ClientError error(int status, const std::string& body) {
+  ClientError e{status, "http_" + std::to_string(status), body, {}};
+  rapidjson::Document d;
+  d.Parse(body.data(), body.size());
+  if (d.HasParseError() || !d.IsObject()) return e;
+  const auto err = d.FindMember("error");
+  if (err == d.MemberEnd() || !err->value.IsObject()) return e;
+  const Value& v = err->value;
+  auto text = [&](const char* key, std::string* out) {
+    const auto it = v.FindMember(key);
+    if (it != v.MemberEnd() && it->value.IsString()) {
+      *out = std::string(it->value.GetString(), it->value.GetStringLength());
+    }
+  };
+  text("code", &e.code);
+  text("message", &e.message);
+  text("field", &e.field);
+  return e;
+}
+
+bool unregistered(const ClientError& e) { return e.code == codes::kWorkerNotRegistered; }
+
+bool forgotten(const ClientError& e) {
+  return e.code == codes::kWorkerNotRegistered || e.code == codes::kLeaseUnknown;
+}
+
+}  // namespace traincoord::client::reply

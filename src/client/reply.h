@@ -1,0 +1,59 @@
+// How the C++ client reads the coordinator's replies (docs/API.md), shared by its files (not part
+// of the public API). Every read checks the shape it expects: a reply that is not JSON, lacks a
+// field, or holds one of another type is a ClientError with the code "bad_reply" naming the
+// request and the field, never undefined behaviour.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "traincoord/client.h"
+
+namespace traincoord::client::reply {
+
+// The reply to POST .../workers.
+struct Registration {
+  uint32_t worker = 0;
+  std::optional<int64_t> heartbeat_interval_ms;  // positive when present
+};
+
+// An acquire's answer: the reply to POST .../acquire, or the "next" of a completion reply.
+struct Acquired {
+  enum class Status { kJob, kWait, kFinished };
+  Status status = Status::kWait;
+  std::vector<Job> jobs;  // kJob: at least one ("job", or the list "jobs")
+  Finished finished;      // kFinished
+};
+
+// The reply to POST .../complete: how each completion was taken, and, when it asked for the
+// next jobs ("next": true), the acquire's answer.
+struct CompletionReply {
+  std::vector<Completed> outcomes;  // one per completion sent
+  std::optional<Acquired> next;
+};
+
+// `what` names the request in messages ("POST /v1/runs/r/acquire").
+Result<Registration> registration(const std::string& body, std::string_view what);
+// `listed`: the acquire asked for "jobs": N, so its jobs are listed under "jobs".
+Result<Acquired> acquired(const std::string& body, bool listed, std::string_view what);
+// `listed`: the completions went as a list ("completions"; the reply has "outcomes", and its
+// "next", when asked, lists its jobs) of `sent` completions; else one completion ("outcome" and
+// "counted"). `next`: the request had "next": true.
+Result<CompletionReply> completion(const std::string& body, bool listed, size_t sent, bool next,
+                                   std::string_view what);
+
+// The error a reply with status `status` (not 2xx) carries: its {"error": {"code", "message",
+// "field"}}, or, when the body is not that, the code "http_STATUS" with the body as message.
+ClientError error(int status, const std::string& body);
+
+// The coordinator does not know this worker (it restarted without its state): register again.
+bool unregistered(const ClientError& e);
+// The coordinator no longer knows the worker or the lease (it restarted without its state): the
+// completion is lost and the job will be handed out again.
+bool forgotten(const ClientError& e);
+
+}  // namespace traincoord::client::reply

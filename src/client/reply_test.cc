@@ -1,0 +1,307 @@
+#include "client/reply.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "traincoord/client.h"
+
+namespace traincoord::client {
+namespace {
+
+constexpr std::string_view kAcquire = "POST /v1/runs/r/acquire";
+constexpr std::string_view kComplete = "POST /v1/runs/r/complete";
+
+const std::string kJob =
+    R"({"lease": 7, "attempt": 1, "set": "train", "epoch": 1, "index": 0, "jobs_in_epoch": 4,
+        "batches": [0, 1]})";
+
+// The message of the error a reply parse gave, or "" when it parsed.
+template <typename T>
+std::string refusal(const Result<T>& r) {
+  if (r) return "";
+  EXPECT_EQ(r.error().code, "bad_reply");
+  return r.error().message;
+}
+
+TEST(Reply, WellFormedRepliesAreRead) {
+  auto a = reply::acquired(R"({"status": "job", "job": )" + kJob + "}", false, kAcquire);
+  ASSERT_TRUE(a) << a.error().message;
+  ASSERT_EQ(a->jobs.size(), 1u);
+  EXPECT_EQ(a->jobs[0].lease, 7u);
+  EXPECT_EQ(a->jobs[0].batches, (std::vector<uint64_t>{0, 1}));
+  auto f = reply::acquired(R"({"status": "finished", "state": "completed", "reason": "done"})",
+                           true, kAcquire);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->status, reply::Acquired::Status::kFinished);
+  EXPECT_EQ(f->finished.state, "completed");
+  auto c = reply::completion(R"({"outcomes": [{"outcome": "accepted", "counted": true}],
+      "next": {"status": "job", "jobs": [)" +
+                                 kJob + "]}}",
+                             true, 1, true, kComplete);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->outcomes[0].outcome, "accepted");
+  ASSERT_TRUE(c->next);
+  EXPECT_EQ(c->next->jobs.size(), 1u);
+  auto r = reply::registration(R"({"worker": 3, "heartbeat_interval_ms": 333})", "POST /w");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->worker, 3u);
+  EXPECT_EQ(*r->heartbeat_interval_ms, 333);
+}
+
+TEST(Reply, AMalformedReplyIsAnErrorNamingTheRequestAndTheField) {
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job"})", false, kAcquire))
+                .find("the reply to POST /v1/runs/r/acquire lacks field 'job'"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal(reply::acquired(R"({"status": "job"})", true, kAcquire)).find("lacks field 'jobs'"),
+      std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job", "jobs": []})", true, kAcquire))
+                .find("empty 'jobs'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job", "jobs": [7]})", true, kAcquire))
+                .find("'jobs[0]' that is not an object"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job", "job": {"lease": "7"}})", false, kAcquire))
+                .find("'job.lease' that is not an unsigned integer"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job", "job": {"lease": -1}})", false, kAcquire))
+                .find("'job.lease'"),
+            std::string::npos);
+  std::string batches = kJob;
+  batches.replace(batches.find("[0, 1]"), 6, R"([0, "x"])");
+  EXPECT_NE(
+      refusal(reply::acquired(R"({"status": "job", "job": )" + batches + "}", false, kAcquire))
+          .find("'job.batches'"),
+      std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": 1})", false, kAcquire))
+                .find("'status' that is not a string"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "later"})", false, kAcquire))
+                .find("unknown value 'later'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "finished"})", false, kAcquire))
+                .find("lacks field 'state'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired("[1]", false, kAcquire)).find("is not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::acquired("", false, kAcquire)).find("is not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::completion(R"({"outcome": "accepted"})", false, 1, false, kComplete))
+                .find("lacks field 'counted'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::completion(R"({"outcome": "accepted", "counted": true})", false, 1, true,
+                                      kComplete))
+                .find("lacks field 'next'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::completion(R"({"outcome": "accepted", "counted": true,
+                                          "next": {"status": "job"}})",
+                                      false, 1, true, kComplete))
+                .find("lacks field 'next.job'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::completion(R"({"outcomes": [{"outcome": "accepted", "counted": 1}]})",
+                                      true, 1, false, kComplete))
+                .find("'outcomes[0].counted' that is not true or false"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::completion(R"({"outcomes": []})", true, 2, false, kComplete))
+                .find("0 outcomes for 2 completions"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::registration(R"({"worker": "0"})", "POST /v1/runs/r/workers"))
+                .find("'worker' that is not an unsigned 32-bit integer"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::registration(R"({"worker": 0, "heartbeat_interval_ms": 0})",
+                                        "POST /v1/runs/r/workers"))
+                .find("not positive"),
+            std::string::npos);
+}
+
+TEST(Reply, AnErrorReplyGivesItsCodeAndFieldOrTheStatusWhenItIsNotJson) {
+  auto e = reply::error(
+      404, R"({"error": {"code": "lease_unknown", "message": "lease 9 ...", "field": "lease"}})");
+  EXPECT_EQ(e.http_status, 404);
+  EXPECT_EQ(e.code, "lease_unknown");
+  EXPECT_EQ(e.message, "lease 9 ...");
+  EXPECT_EQ(e.field, "lease");
+  EXPECT_TRUE(reply::forgotten(e));
+  EXPECT_FALSE(reply::unregistered(e));
+  auto plain = reply::error(502, "<html>bad gateway</html>");
+  EXPECT_EQ(plain.code, "http_502");
+  EXPECT_EQ(plain.message, "<html>bad gateway</html>");
+  auto odd = reply::error(404, R"({"error": {"code": 7, "message": ["x"]}})");
+  EXPECT_EQ(odd.code, "http_404");
+  EXPECT_FALSE(reply::forgotten(odd));  // a 404 without a code is not a forgotten lease
+}
+
+// The client's names for the codes are the server's (core/error.h).
+TEST(Reply, TheClientsCodesAreTheCoordinators) {
+  EXPECT_EQ(codes::kRunNotFound, error_reason::kRunNotFound);
+  EXPECT_EQ(codes::kWorkerNotRegistered, error_reason::kWorkerNotRegistered);
+  EXPECT_EQ(codes::kLeaseUnknown, error_reason::kLeaseUnknown);
+  EXPECT_EQ(codes::kLeaseNotYours, error_reason::kLeaseNotYours);
+}
+
+// A coordinator on a loopback port that answers each request with the next canned reply, and
+// records the request lines and bodies it was sent.
+class FakeCoordinator {
+ public:
+  explicit FakeCoordinator(std::vector<std::pair<int, std::string>> replies)
+      : replies_(replies.begin(), replies.end()) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(listen(listener_, 4), 0);
+    socklen_t len = sizeof addr;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeCoordinator() {
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> requests() {
+    std::lock_guard lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void serve() {
+    while (true) {
+      const int fd = accept(listener_, nullptr, nullptr);
+      if (fd < 0) return;
+      while (answer(fd)) {
+      }
+      close(fd);
+    }
+  }
+
+  // One request on `fd`; false when the connection ended or no reply is left.
+  bool answer(int fd) {
+    std::string in;
+    char buf[4096];
+    size_t head_end;
+    while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    size_t length = 0;
+    if (auto at = in.find("Content-Length: "); at != std::string::npos && at < head_end) {
+      length = std::stoul(in.substr(at + 16));
+    }
+    while (in.size() < head_end + 4 + length) {
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    std::pair<int, std::string> reply;
+    {
+      std::lock_guard lock(mu_);
+      requests_.push_back(in.substr(0, in.find("\r\n")) + " " + in.substr(head_end + 4, length));
+      if (replies_.empty()) return false;
+      reply = std::move(replies_.front());
+      replies_.pop_front();
+    }
+    const std::string out = "HTTP/1.1 " + std::to_string(reply.first) +
+                            " X\r\nContent-Type: application/json\r\nContent-Length: " +
+                            std::to_string(reply.second.size()) + "\r\n\r\n" + reply.second;
+    return write(fd, out.data(), out.size()) == static_cast<ssize_t>(out.size());
+  }
+
+  int listener_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::deque<std::pair<int, std::string>> replies_;
+  std::vector<std::string> requests_;
+};
+
+Options options_for(const FakeCoordinator& fake) {
+  Options o;
+  o.url = fake.url();
+  o.run = "r";
+  o.worker_name = "w";
+  o.heartbeats = false;
+  o.give_up_after = std::chrono::milliseconds(200);
+  o.long_poll = std::chrono::milliseconds(0);
+  return o;
+}
+
+const std::string kRegistered = R"({"worker": 0, "heartbeat_interval_ms": 1000})";
+
+TEST(ClientReplies, AMalformedReplyFailsTheCallWithBadReplyInsteadOfCrashing) {
+  FakeCoordinator fake({{200, kRegistered},
+                        {200, R"({"status": "job"})"},
+                        {200, R"({"status": "job", "job": {"lease": 1}})"},
+                        {200, R"({"status": "job", "jobs": "all"})"}});
+  auto worker = Worker::connect(options_for(fake));
+  ASSERT_TRUE(worker) << worker.error().message;
+  auto job = (*worker)->next();
+  ASSERT_FALSE(job);
+  EXPECT_EQ(job.error().code, "bad_reply");
+  EXPECT_NE(job.error().message.find("the reply to POST /v1/runs/r/acquire lacks field 'job'"),
+            std::string::npos)
+      << job.error().message;
+  job = (*worker)->next();
+  ASSERT_FALSE(job);
+  EXPECT_NE(job.error().message.find("'job.attempt'"), std::string::npos) << job.error().message;
+  auto jobs = (*worker)->next_jobs(2);
+  ASSERT_FALSE(jobs);
+  EXPECT_NE(jobs.error().message.find("'jobs' that is not an array"), std::string::npos)
+      << jobs.error().message;
+}
+
+TEST(ClientReplies, AMalformedRegistrationFailsConnect) {
+  FakeCoordinator fake({{200, R"({"worker": -1})"}});
+  auto worker = Worker::connect(options_for(fake));
+  ASSERT_FALSE(worker);
+  EXPECT_EQ(worker.error().code, "bad_reply");
+  EXPECT_NE(worker.error().message.find("'worker'"), std::string::npos);
+}
+
+// The client decides on the code: worker_not_registered makes it register again (whatever the
+// message says), lease_unknown makes a completion "lost", and another 404 is an error.
+TEST(ClientReplies, TheClientActsOnErrorCodesNotOnMessages) {
+  const std::string job = R"({"status": "job", "job": )" + kJob + "}";
+  FakeCoordinator fake(
+      {{200, kRegistered},
+       {404, R"({"error": {"code": "worker_not_registered", "message": "who are you?"}})"},
+       {200, R"({"worker": 5})"},
+       {200, job},
+       {404, R"({"error": {"code": "lease_unknown", "message": "no idea"}})"},
+       {404, R"({"error": {"code": "run_not_found", "message": "worker 0 has not registered"}})"}});
+  auto worker = Worker::connect(options_for(fake));
+  ASSERT_TRUE(worker) << worker.error().message;
+  auto got = (*worker)->next();
+  ASSERT_TRUE(got) << got.error().message;
+  ASSERT_TRUE(*got);
+  EXPECT_EQ((*worker)->id(), 5u);
+  auto done = (*worker)->complete(**got, {0.5, 2, {}});
+  ASSERT_TRUE(done) << done.error().message;
+  EXPECT_EQ(done->outcome, "lost");
+  auto gone = (*worker)->complete(**got, {0.5, 2, {}});
+  ASSERT_FALSE(gone);  // the text says "has not registered", but the code is run_not_found
+  EXPECT_EQ(gone.error().code, "run_not_found");
+  const auto requests = fake.requests();
+  ASSERT_EQ(requests.size(), 6u);
+  EXPECT_EQ(requests[2].rfind("POST /v1/runs/r/workers", 0), 0u) << requests[2];
+  EXPECT_NE(requests[3].find("\"worker\":5"), std::string::npos) << requests[3];
+}
+
+}  // namespace
+}  // namespace traincoord::client
