@@ -690,27 +690,6 @@ std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
   return result;
 }
 
-std::string_view Api::endpoint_of(std::string_view method, std::string_view target) {
-  const auto parts = split_path(target);
-  if (parts.empty()) return method == "GET" ? "dashboard" : "other";
-  if (parts.size() == 1) {
-    // Literals only: the label outlives the request whose target `parts` points into.
-    if (parts[0] == "healthz") return "healthz";
-    if (parts[0] == "metrics") return "metrics";
-    return method == "GET" ? "dashboard" : "other";
-  }
-  if (parts[0] != "v1" || parts[1] != "runs") return "other";
-  if (parts.size() == 2) return method == "POST" ? "create_run" : "runs";
-  if (parts.size() == 3) return "status";
-  static const std::set<std::string_view> kKnown = {"cancel",  "workers",  "leave", "heartbeat",
-                                                    "acquire", "complete", "fail",  "next_index",
-                                                    "history", "release"};
-  if (parts.size() == 4) {
-    if (auto it = kKnown.find(parts[3]); it != kKnown.end()) return *it;
-  }
-  return "other";
-}
-
 std::string Api::metrics_text() const {
   const TimeMs now = clock_.now();
   std::string out;
@@ -890,225 +869,332 @@ std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out)
   return reply;
 }
 
+// One request as its handler sees it: the run its path names (run paths), its body's fields
+// (POSTs to a run), and the time.
+struct Api::Request {
+  Api& api;
+  const HttpRequest& http;
+  TimeMs now;
+  Run* run = nullptr;
+  Fields* body = nullptr;
+
+  using Reply = std::variant<HttpReply, ParkedAcquire>;
+  static Reply healthz(Request& r);
+  static Reply list_runs(Request& r);
+  static Reply create_run(Request& r);
+  static Reply status(Request& r);
+  static Reply history(Request& r);
+  static Reply cancel(Request& r);
+  static Reply register_worker(Request& r);
+  static Reply next_index(Request& r);
+  static Reply leave(Request& r);
+  static Reply heartbeat(Request& r);
+  static Reply release(Request& r);
+  static Reply fail(Request& r);
+  static Reply acquire(Request& r);
+  static Reply complete(Request& r);
+  static Reply acquire_or_complete(Request& r, bool complete);
+};
+
+namespace {
+
+// Every endpoint, once: routing, the metrics label, who may call it (server/auth.cc) and the
+// fuzzer (fuzz/fuzz_api.cc) read this table; docs/API.md documents each row. GET /metrics has
+// no handler here: the coordinator serves it (server/coordinator.cc), as the dashboard's files.
+// `{run}` stands for a run's name.
+constexpr Endpoint kEndpoints[] = {
+    {"healthz", "GET", "/healthz", Access::kAnyone, &Api::Request::healthz},
+    {"metrics", "GET", "/metrics", Access::kAdmin, nullptr},
+    {"runs", "GET", "/v1/runs", Access::kAdmin, &Api::Request::list_runs},
+    {"create_run", "POST", "/v1/runs", Access::kAdmin, &Api::Request::create_run},
+    {"status", "GET", "/v1/runs/{run}", Access::kRun, &Api::Request::status},
+    {"history", "GET", "/v1/runs/{run}/history", Access::kRun, &Api::Request::history},
+    {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
+    {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
+    {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat},
+    {"leave", "POST", "/v1/runs/{run}/leave", Access::kRun, &Api::Request::leave},
+    {"acquire", "POST", "/v1/runs/{run}/acquire", Access::kRun, &Api::Request::acquire},
+    {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete},
+    {"fail", "POST", "/v1/runs/{run}/fail", Access::kRun, &Api::Request::fail},
+    {"release", "POST", "/v1/runs/{run}/release", Access::kRun, &Api::Request::release},
+    {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun,
+     &Api::Request::next_index},
+};
+
+// The dashboard's files: a GET of "/" or of any one-segment path no row names.
+constexpr Endpoint kDashboard = {"dashboard", "GET", "/{file}", Access::kAnyone, nullptr};
+
+// Whether `pattern`'s segments match `parts` ("{...}" matches any one segment).
+bool path_matches(std::string_view pattern, const PathParts& parts) {
+  size_t i = 0;
+  size_t start = 1;  // (after the leading '/')
+  while (start <= pattern.size()) {
+    size_t end = pattern.find('/', start);
+    if (end == std::string_view::npos) end = pattern.size();
+    const std::string_view segment = pattern.substr(start, end - start);
+    if (i >= parts.size() || (segment.front() != '{' && segment != parts[i])) return false;
+    ++i;
+    start = end + 1;
+  }
+  return i == parts.size();
+}
+
+HttpReply no_endpoint(const HttpRequest& req) {
+  return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
+}
+
+}  // namespace
+
+std::span<const Endpoint> Api::endpoints() { return kEndpoints; }
+
+const Endpoint* Api::find_endpoint(std::string_view method, std::string_view target,
+                                   std::string* allow) {
+  const auto parts = split_path(target);
+  const Endpoint* found = nullptr;
+  for (const Endpoint& e : kEndpoints) {
+    if (!path_matches(e.path, parts)) continue;
+    if (e.method == method) {
+      found = &e;
+      if (!allow) return found;
+    }
+    if (allow) {
+      if (!allow->empty()) *allow += ", ";
+      *allow += e.method;
+    }
+  }
+  if (found) return found;
+  const bool path_known = allow && !allow->empty();
+  if (parts.size() <= 1 && method == "GET" && !path_known) return &kDashboard;
+  return nullptr;
+}
+
+std::string_view Api::endpoint_of(std::string_view method, std::string_view target) {
+  const Endpoint* e = find_endpoint(method, target);
+  return e ? e->name : "other";
+}
+
 std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
-  const auto parts = split_path(req.target);
-  const std::string& m = req.method;
-  const TimeMs now = clock_.now();
-
-  if (parts.size() == 1 && parts[0] == "healthz") {
-    if (m != "GET") return method_not_allowed("GET", m);
-    JsonWriter j;
-    j.begin_object().field("status", "ok").field("runs", engine_.runs().size()).end_object();
-    return ok(j);
+  std::string allow;  // the methods the path allows, when it is an endpoint's
+  const Endpoint* endpoint = find_endpoint(req.method, req.target, &allow);
+  if (endpoint ? !endpoint->handler : allow.empty()) return no_endpoint(req);
+  Request r{*this, req, clock_.now()};
+  if (const std::string_view run = run_of(req.target); !run.empty()) {
+    auto found = engine_.find(run);  // (an unknown run is a 404 whatever the method)
+    if (!found) return error_reply(found.error());
+    r.run = *found;
   }
-  if (parts.size() < 2 || parts[0] != "v1" || parts[1] != "runs") {
-    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
-  }
-
-  if (parts.size() == 2) {  // /v1/runs
-    if (m == "GET") {
-      JsonWriter j;
-      j.begin_object().key("runs").begin_array();
-      for (const Run* run : engine_.runs()) write_run_summary(j, *run, now);
-      j.end_array().end_object();
-      return ok(j);
-    }
-    if (m == "POST") {
-      if (engine_.runs().size() >= limits_.max_runs) {
-        return error_reply(409, "limit",
-                           "this coordinator holds " + std::to_string(limits_.max_runs) +
-                               " runs, its limit (--max-runs)");
-      }
-      auto config = parse_run_config_json(req.body, "run config");
-      if (!config) return error_reply(config.error());
-      auto run = engine_.create_run(std::move(*config));
-      if (!run) return error_reply(run.error());
-      if (observer_) observer_->run_created(**run, req.body, now);
-      JsonWriter j;
-      write_run_summary(j, **run, now);
-      HttpReply r = ok(j);
-      r.status = 201;
-      return r;
-    }
-    return method_not_allowed("GET, POST", m);
-  }
-
-  auto found = engine_.find(std::string(parts[2]));
-  if (!found) return error_reply(found.error());
-  Run& run = **found;
-
-  if (parts.size() == 3) {  // /v1/runs/{run}
-    // No expire_leases() here: a GET changes nothing, so that replaying the log of POSTs
-    // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
-    if (m != "GET") return method_not_allowed("GET", m);
-    JsonWriter j;
-    write_status(j, run, now);
-    return ok(j);
-  }
-  if (parts.size() != 4) {
-    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
-  }
-  const std::string_view action = parts[3];
-  if (action == "history") {
-    if (m != "GET") return method_not_allowed("GET", m);
-    JsonWriter j;
-    j.begin_object().field("run", run.config().name).key("epochs").begin_array();
-    for (const Epoch& e : run.epochs()) {
-      j.begin_object().field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
-      j.field("closed", e.closed()).key("loss");
-      if (e.closed()) {
-        j.value(e.loss);
-      } else {
-        j.null();
-      }
-      j.key("metrics").begin_object();
-      for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
-      j.end_object().field("done", e.done).field("jobs", e.plan.size()).end_object();
-    }
-    j.end_array().key("jobs").begin_array();
-    for (const RecentCompletion& c : run.recent_completions()) {
-      j.begin_object().field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
-      j.field("loss", c.loss).field("ago_ms", now - c.time).end_object();
-    }
-    j.end_array().end_object();
-    return ok(j);
-  }
-  static const std::set<std::string_view> kActions = {"cancel",    "workers",    "leave",
-                                                      "heartbeat", "acquire",    "complete",
-                                                      "fail",      "next_index", "release"};
-  if (!kActions.count(action)) {
-    return error_reply(404, "not_found", "no endpoint at " + req.target + " (see docs/API.md)");
-  }
-  if (m != "POST") return method_not_allowed("POST", m);
+  if (!endpoint) return method_not_allowed(allow, req.method);
+  if (!r.run || endpoint->method != "POST") return endpoint->handler(r);
   // Parsed into memory reused for every request (see ParseArena).
   arena_->pool.Clear();
   BodyDocument doc(&arena_->pool, 1024, &arena_->pool);
   TC_TRY_REPLY(parse_body(req.body, doc));
   Fields body(doc);
+  r.body = &body;
+  return endpoint->handler(r);
+}
 
-  if (action == "cancel") {
-    TC_TRY_ASSIGN(reason, body.string("reason", std::string("cancelled through the API"), 256,
-                                      TextKind::kMessage));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    run.cancel(reason);
-    JsonWriter j;
-    write_run_summary(j, run, now);
-    return ok(j);
+Api::Request::Reply Api::Request::healthz(Request& r) {
+  JsonWriter j;
+  j.begin_object().field("status", "ok").field("runs", r.api.engine_.runs().size()).end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::list_runs(Request& r) {
+  JsonWriter j;
+  j.begin_object().key("runs").begin_array();
+  for (const Run* run : r.api.engine_.runs()) write_run_summary(j, *run, r.now);
+  j.end_array().end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::create_run(Request& r) {
+  if (r.api.engine_.runs().size() >= r.api.limits_.max_runs) {
+    return error_reply(409, "limit",
+                       "this coordinator holds " + std::to_string(r.api.limits_.max_runs) +
+                           " runs, its limit (--max-runs)");
   }
-  if (action == "workers") {
-    TC_TRY_ASSIGN(name, body.string("name", std::nullopt, 128));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    if (!run.has_worker(name) && run.workers().size() >= limits_.max_workers_per_run) {
-      return error_reply(409, "limit",
-                         "run " + run.config().name + " has " +
-                             std::to_string(limits_.max_workers_per_run) +
-                             " workers, its limit (--max-workers-per-run)");
-    }
-    const WorkerId id = run.join(name);
-    JsonWriter j;
-    j.begin_object();
-    j.field("worker", id).field("name", name).field("run", run.config().name);
-    j.field("lease_timeout_ms", run.config().lease_timeout_ms);
-    j.field("heartbeat_interval_ms", std::max<TimeMs>(1, run.config().lease_timeout_ms / 3));
-    j.end_object();
-    return ok(j);
-  }
-  if (action == "next_index") {
-    TC_TRY_ASSIGN(set, body.string("set"));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    if (set != "train" && set != "dev") {
-      return error_reply(400, "invalid_argument", "set must be \"train\" or \"dev\"", "set");
-    }
-    TC_TRY_ASSIGN(index, run.next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
-    JsonWriter j;
-    j.begin_object()
-        .field("set", set)
-        .field("epoch", index.epoch)
-        .field("position", index.position);
-    j.key("batch");
-    if (index.batch) {
-      j.value(*index.batch);
+  auto config = parse_run_config_json(r.http.body, "run config");
+  if (!config) return error_reply(config.error());
+  auto run = r.api.engine_.create_run(std::move(*config));
+  if (!run) return error_reply(run.error());
+  if (r.api.observer_) r.api.observer_->run_created(**run, r.http.body, r.now);
+  JsonWriter j;
+  write_run_summary(j, **run, r.now);
+  HttpReply reply = ok(j);
+  reply.status = 201;
+  return reply;
+}
+
+Api::Request::Reply Api::Request::status(Request& r) {
+  // No expire_leases() here: a GET changes nothing, so that replaying the log of POSTs
+  // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
+  JsonWriter j;
+  write_status(j, *r.run, r.now);
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::history(Request& r) {
+  JsonWriter j;
+  j.begin_object().field("run", r.run->config().name).key("epochs").begin_array();
+  for (const Epoch& e : r.run->epochs()) {
+    j.begin_object().field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
+    j.field("closed", e.closed()).key("loss");
+    if (e.closed()) {
+      j.value(e.loss);
     } else {
       j.null();
     }
-    j.end_object();
-    return ok(j);
+    j.key("metrics").begin_object();
+    for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
+    j.end_object().field("done", e.done).field("jobs", e.plan.size()).end_object();
   }
+  j.end_array().key("jobs").begin_array();
+  for (const RecentCompletion& c : r.run->recent_completions()) {
+    j.begin_object().field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
+    j.field("loss", c.loss).field("ago_ms", r.now - c.time).end_object();
+  }
+  j.end_array().end_object();
+  return ok(j);
+}
 
-  TC_TRY_ASSIGN(worker, worker_field(body, run));
-  if (action == "leave") {
-    TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_REPLY(run.leave(worker));
-    JsonWriter j;
-    j.begin_object().field("left", true).end_object();
-    return ok(j);
+Api::Request::Reply Api::Request::cancel(Request& r) {
+  TC_TRY_ASSIGN(reason, r.body->string("reason", std::string("cancelled through the API"), 256,
+                                    TextKind::kMessage));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  r.run->cancel(reason);
+  JsonWriter j;
+  write_run_summary(j, *r.run, r.now);
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::register_worker(Request& r) {
+  TC_TRY_ASSIGN(name, r.body->string("name", std::nullopt, 128));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  if (!r.run->has_worker(name) && r.run->workers().size() >= r.api.limits_.max_workers_per_run) {
+    return error_reply(409, "limit",
+                       "run " + r.run->config().name + " has " +
+                           std::to_string(r.api.limits_.max_workers_per_run) +
+                           " workers, its limit (--max-workers-per-run)");
   }
-  if (action == "heartbeat") {
-    std::optional<std::vector<LeaseId>> only;
-    if (const rapidjson::Value* listed = body.get("leases")) {
-      if (!listed->IsArray() || listed->Size() > 1024) {
-        return error_reply(400, "invalid_argument",
-                           "leases must be an array of at most 1024 lease ids", "leases");
-      }
-      only.emplace();
-      for (const auto& l : listed->GetArray()) {
-        if (!l.IsUint64()) {
-          return error_reply(400, "invalid_argument", "leases must hold lease ids", "leases");
-        }
-        only->push_back(l.GetUint64());
-      }
-    }
-    TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(leases, run.heartbeat(worker, only ? &*only : nullptr));
-    JsonWriter j;
-    j.begin_object().key("leases").begin_array();
-    for (LeaseId l : leases) j.value(l);
-    j.end_array();
-    j.field("lease_timeout_ms", run.config().lease_timeout_ms);
-    j.field("state", run_state_name(run.state()));
-    j.end_object();
-    return ok(j);
+  const WorkerId id = r.run->join(name);
+  JsonWriter j;
+  j.begin_object();
+  j.field("worker", id).field("name", name).field("run", r.run->config().name);
+  j.field("lease_timeout_ms", r.run->config().lease_timeout_ms);
+  j.field("heartbeat_interval_ms", std::max<TimeMs>(1, r.run->config().lease_timeout_ms / 3));
+  j.end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::next_index(Request& r) {
+  TC_TRY_ASSIGN(set, r.body->string("set"));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  if (set != "train" && set != "dev") {
+    return error_reply(400, "invalid_argument", "set must be \"train\" or \"dev\"", "set");
   }
-  if (action == "release") {
-    const rapidjson::Value* listed = body.get("leases");
-    if (listed == nullptr || !listed->IsArray() || listed->Size() > 1024) {
+  TC_TRY_ASSIGN(index, r.run->next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
+  JsonWriter j;
+  j.begin_object()
+      .field("set", set)
+      .field("epoch", index.epoch)
+      .field("position", index.position);
+  j.key("batch");
+  if (index.batch) {
+    j.value(*index.batch);
+  } else {
+    j.null();
+  }
+  j.end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::leave(Request& r) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_REPLY(r.run->leave(worker));
+  JsonWriter j;
+  j.begin_object().field("left", true).end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::heartbeat(Request& r) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
+  std::optional<std::vector<LeaseId>> only;
+  if (const rapidjson::Value* listed = r.body->get("leases")) {
+    if (!listed->IsArray() || listed->Size() > 1024) {
       return error_reply(400, "invalid_argument",
                          "leases must be an array of at most 1024 lease ids", "leases");
     }
-    std::vector<LeaseId> leases;
+    only.emplace();
     for (const auto& l : listed->GetArray()) {
       if (!l.IsUint64()) {
         return error_reply(400, "invalid_argument", "leases must hold lease ids", "leases");
       }
-      leases.push_back(l.GetUint64());
+      only->push_back(l.GetUint64());
     }
-    TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(released, run.release(worker, leases));
-    JsonWriter j;
-    j.begin_object().field("released", released).end_object();
-    return ok(j);
   }
-  if (action == "fail") {
-    TC_TRY_ASSIGN(lease, body.uint("lease"));
-    TC_TRY_ASSIGN(reason,
-                  body.string("reason", std::string("no reason given"), 1024, TextKind::kMessage));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_REPLY(run.fail(worker, lease, reason));
-    JsonWriter j;
-    j.begin_object().field("failed", true).end_object();
-    return ok(j);
-  }
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_ASSIGN(leases, r.run->heartbeat(worker, only ? &*only : nullptr));
+  JsonWriter j;
+  j.begin_object().key("leases").begin_array();
+  for (LeaseId l : leases) j.value(l);
+  j.end_array();
+  j.field("lease_timeout_ms", r.run->config().lease_timeout_ms);
+  j.field("state", run_state_name(r.run->state()));
+  j.end_object();
+  return ok(j);
+}
 
-  // acquire, complete (with "next": true, complete + acquire); "jobs": N for several at once
+Api::Request::Reply Api::Request::release(Request& r) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
+  const rapidjson::Value* listed = r.body->get("leases");
+  if (listed == nullptr || !listed->IsArray() || listed->Size() > 1024) {
+    return error_reply(400, "invalid_argument",
+                       "leases must be an array of at most 1024 lease ids", "leases");
+  }
+  std::vector<LeaseId> leases;
+  for (const auto& l : listed->GetArray()) {
+    if (!l.IsUint64()) {
+      return error_reply(400, "invalid_argument", "leases must hold lease ids", "leases");
+    }
+    leases.push_back(l.GetUint64());
+  }
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_ASSIGN(released, r.run->release(worker, leases));
+  JsonWriter j;
+  j.begin_object().field("released", released).end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::fail(Request& r) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
+  TC_TRY_ASSIGN(lease, r.body->uint("lease"));
+  TC_TRY_ASSIGN(reason,
+                r.body->string("reason", std::string("no reason given"), 1024, TextKind::kMessage));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_REPLY(r.run->fail(worker, lease, reason));
+  JsonWriter j;
+  j.begin_object().field("failed", true).end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::acquire(Request& r) { return acquire_or_complete(r, false); }
+
+Api::Request::Reply Api::Request::complete(Request& r) { return acquire_or_complete(r, true); }
+
+// acquire, and complete (with "next": true, complete + acquire); "jobs": N for several at once.
+Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
   ParkedAcquire acquiring;
-  acquiring.run = run.config().name;
+  acquiring.run = r.run->config().name;
   acquiring.worker = worker;
-  if (action == "complete") {
+  if (complete) {
     std::vector<LeaseCompletion> items;
-    const bool listed = body.has("completions");
+    const bool listed = r.body->has("completions");
     if (listed) {
       for (const char* single : {"lease", "loss", "samples", "metrics"}) {
-        if (body.has(single)) {
+        if (r.body->has(single)) {
           return error_reply(400, "invalid_argument",
                              std::string(single) +
                                  " goes in each item of completions, not "
@@ -1116,20 +1202,20 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
                              single);
         }
       }
-      TC_TRY_ASSIGN(list, read_completions(body));
+      TC_TRY_ASSIGN(list, read_completions(*r.body));
       items = std::move(list);
     } else {
-      TC_TRY_ASSIGN(lease, body.uint("lease"));
-      TC_TRY_ASSIGN(completion, read_completion(body));
+      TC_TRY_ASSIGN(lease, r.body->uint("lease"));
+      TC_TRY_ASSIGN(completion, read_completion(*r.body));
       items.emplace_back(lease, std::move(completion));
     }
-    TC_TRY_ASSIGN(next, body.boolean("next", false));
+    TC_TRY_ASSIGN(next, r.body->boolean("next", false));
     if (!next) {
-      if (body.has("jobs")) {
+      if (r.body->has("jobs")) {
         return error_reply(400, "invalid_argument", "jobs needs \"next\": true", "jobs");
       }
-      TC_TRY_REPLY(body.no_unknown_fields());
-      TC_TRY_ASSIGN(outcomes, complete_all(run, worker, items));
+      TC_TRY_REPLY(r.body->no_unknown_fields());
+      TC_TRY_ASSIGN(outcomes, r.api.complete_all(*r.run, worker, items));
       JsonWriter j;
       j.begin_object();
       if (listed) {
@@ -1140,45 +1226,45 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
       j.end_object();
       return ok(j);
     }
-    TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
-    TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
-    TC_TRY_ASSIGN(jobs, read_jobs(body));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    TC_TRY_ASSIGN(outcomes, complete_all(run, worker, items));
+    TC_TRY_ASSIGN(wait_ms, r.body->uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+    TC_TRY_ASSIGN(request, r.body->uint("request", uint64_t{0}, UINT64_MAX));
+    TC_TRY_ASSIGN(jobs, read_jobs(*r.body));
+    TC_TRY_REPLY(r.body->no_unknown_fields());
+    TC_TRY_ASSIGN(outcomes, r.api.complete_all(*r.run, worker, items));
     if (listed) {
       acquiring.outcomes = std::move(outcomes);
     } else {
       acquiring.completed = outcomes.front();
     }
-    acquiring.deadline = now + static_cast<TimeMs>(wait_ms);
+    acquiring.deadline = r.now + static_cast<TimeMs>(wait_ms);
     acquiring.request = request;
     acquiring.max_jobs = jobs;
   } else {
-    TC_TRY_ASSIGN(wait_ms, body.uint("wait_ms", uint64_t{0}, kMaxWaitMs));
-    TC_TRY_ASSIGN(request, body.uint("request", uint64_t{0}, UINT64_MAX));
-    TC_TRY_ASSIGN(jobs, read_jobs(body));
+    TC_TRY_ASSIGN(wait_ms, r.body->uint("wait_ms", uint64_t{0}, kMaxWaitMs));
+    TC_TRY_ASSIGN(request, r.body->uint("request", uint64_t{0}, UINT64_MAX));
+    TC_TRY_ASSIGN(jobs, read_jobs(*r.body));
     // How many epochs the worker knows were opened (the length of the status's "epochs"):
     // when more were, a wait is answered at once instead of parked (docs/API.md).
-    TC_TRY_ASSIGN(known, body.uint("epochs_opened", UINT64_MAX, UINT64_MAX));
-    TC_TRY_REPLY(body.no_unknown_fields());
-    acquiring.deadline = now + static_cast<TimeMs>(wait_ms);
+    TC_TRY_ASSIGN(known, r.body->uint("epochs_opened", UINT64_MAX, UINT64_MAX));
+    TC_TRY_REPLY(r.body->no_unknown_fields());
+    acquiring.deadline = r.now + static_cast<TimeMs>(wait_ms);
     acquiring.request = request;
     acquiring.max_jobs = jobs;
-    acquiring.epochs_opened = known == UINT64_MAX ? run.epochs().size() : known;
+    acquiring.epochs_opened = known == UINT64_MAX ? r.run->epochs().size() : known;
   }
-  const WorkerInfo& info = run.workers()[worker];
+  const WorkerInfo& info = r.run->workers()[worker];
   const bool same_request = acquiring.request == 0 || (acquiring.request == info.last_request &&
                                                        info.last_request_lease == 0);
-  TC_TRY_ASSIGN(a, run.acquire(worker, acquiring.request,
+  TC_TRY_ASSIGN(a, r.run->acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
   // A plain acquire that found nothing changed nothing but its worker's "last seen" (which
   // the journal does not keep), unless an event says otherwise (see handle()).
-  idle_acquire_ = action != "complete" && a.status != AcquireStatus::kJob && same_request;
-  if (a.status == AcquireStatus::kWait && acquiring.deadline > now) {
-    if (action == "complete") acquiring.epochs_opened = run.epochs().size();
-    if (acquiring.epochs_opened == run.epochs().size()) return acquiring;
+  r.api.idle_acquire_ = !complete && a.status != AcquireStatus::kJob && same_request;
+  if (a.status == AcquireStatus::kWait && acquiring.deadline > r.now) {
+    if (complete) acquiring.epochs_opened = r.run->epochs().size();
+    if (acquiring.epochs_opened == r.run->epochs().size()) return acquiring;
   }
-  return acquired_reply(run, acquiring, a, now);
+  return acquired_reply(*r.run, acquiring, a, r.now);
 }
 
 }  // namespace traincoord

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,6 +48,15 @@ struct ParkedAcquire {
   // epoch, so that a worker can enter an epoch the others hold every job of (docs/API.md).
   size_t epochs_opened = 0;
 };
+
+// Who may call an endpoint when the coordinator checks tokens (docs/SECURITY.md).
+enum class Access {
+  kAnyone,  // no token (health, the dashboard's files)
+  kRun,     // the run's worker token, or the admin token
+  kAdmin,   // the admin token only
+};
+
+struct Endpoint;
 
 // What the durable store wants to hear from the API, beyond the log of requests.
 class ApiObserver {
@@ -101,8 +111,18 @@ class Api {
 
   // The run a request target addresses ("/v1/runs/NAME/..."), or empty.
   static std::string_view run_of(std::string_view target);
-  // The endpoint a request is for, as a low-cardinality metrics label ("acquire", "status", ...).
+  // Every endpoint, one row each: what routing, auth, the metrics labels and the fuzzer read.
+  static std::span<const Endpoint> endpoints();
+  // The endpoint a request is for: a row of endpoints(), the dashboard's files (a GET of "/" or
+  // of one segment no row names), or null. With `allow`, also the methods the path's rows
+  // allow (", "-separated; empty when no row has that path).
+  static const Endpoint* find_endpoint(std::string_view method, std::string_view target,
+                                       std::string* allow = nullptr);
+  // The endpoint's name, a low-cardinality metrics label ("acquire", "status", ...; "other").
   static std::string_view endpoint_of(std::string_view method, std::string_view target);
+
+  // A request as its handler sees it (api.cc).
+  struct Request;
 
   // The per-run and per-worker series of GET /metrics, in the Prometheus text format (docs/
   // OBSERVABILITY.md). At most kWorkersPerRunInMetrics workers of a run get their own series.
@@ -137,6 +157,16 @@ class Api {
   bool idle_acquire_ = false;
   struct ParseArena;
   std::unique_ptr<ParseArena> arena_;  // request bodies are parsed into it (api.cc)
+};
+
+// One endpoint: its name (the metrics label), method, path ("{run}": a run's name), who may
+// call it, and its handler (null: the coordinator serves it, as GET /metrics).
+struct Endpoint {
+  std::string_view name;
+  std::string_view method;
+  std::string_view path;
+  Access access;
+  std::variant<HttpReply, ParkedAcquire> (*handler)(Api::Request&);
 };
 
 // The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.

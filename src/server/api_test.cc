@@ -4,6 +4,9 @@
 
 #include <rapidjson/document.h>
 
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <string>
 
 #include "core/utf8.h"
@@ -500,6 +503,54 @@ TEST(Auth, TokensGateEachEndpointByRole) {
   EXPECT_EQ(again->admin_token(), admin);
   EXPECT_EQ(*again->worker_token("r"), worker);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+std::string concrete(std::string_view path) {
+  std::string p(path);
+  if (auto at = p.find("{run}"); at != std::string::npos) p.replace(at, 5, "r");
+  return p;
+}
+
+// One table: what routing answers, the metrics label and the docs all follow its rows.
+TEST_F(ApiTest, EveryEndpointOfTheTableIsRoutedLabelledAndDocumented) {
+  std::ifstream in(std::string(TRAINCOORD_SOURCE_DIR) + "/docs/API.md");
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(docs.empty());
+  std::set<std::pair<std::string_view, std::string_view>> seen;
+  for (const Endpoint& e : Api::endpoints()) {
+    SCOPED_TRACE(std::string(e.method) + " " + std::string(e.path));
+    EXPECT_TRUE(seen.emplace(e.method, e.path).second) << "listed twice";
+    const std::string target = concrete(e.path);
+    EXPECT_EQ(Api::endpoint_of(e.method, target), e.name);
+    EXPECT_NE(docs.find("`" + std::string(e.method) + " " + std::string(e.path)),
+              std::string::npos)
+        << "not in docs/API.md";
+    if (!e.handler) continue;  // (served by the coordinator)
+    // Routed to its handler: never "no endpoint" (a bad body is a 400, not a 404).
+    auto reply = api_.handle({std::string(e.method), target, "{}", {}});
+    if (auto* r = std::get_if<HttpReply>(&reply)) {
+      EXPECT_NE(r->status, 405) << r->body;
+      EXPECT_EQ(r->body.find("no endpoint"), std::string::npos) << r->body;
+    }
+    // The other method on its path is a 405 naming the one allowed (when no row takes it).
+    const std::string other = e.method == "GET" ? "POST" : "GET";
+    if (Api::find_endpoint(other, target) == nullptr) {
+      auto wrong = api_.handle({other, target, "{}", {}});
+      ASSERT_TRUE(std::holds_alternative<HttpReply>(wrong));
+      EXPECT_EQ(std::get<HttpReply>(wrong).status, 405);
+      EXPECT_NE(std::get<HttpReply>(wrong).allow.find(e.method), std::string::npos);
+    }
+  }
+  EXPECT_EQ(Api::endpoint_of("GET", "/"), "dashboard");
+  EXPECT_EQ(Api::endpoint_of("GET", "/app.js"), "dashboard");
+  EXPECT_EQ(Api::endpoint_of("POST", "/v1/runs/r/nothing"), "other");
+  EXPECT_EQ(std::get<HttpReply>(api_.handle({"POST", "/v1/runs/r/nothing", "{}", {}})).status, 404);
 }
 
 }  // namespace
