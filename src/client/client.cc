@@ -1,4 +1,4 @@
-#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it (docs: STACK.md)
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it
 
 #include "traincoord/client.h"
 
