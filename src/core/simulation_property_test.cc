@@ -22,6 +22,7 @@
 #include "core/early_stop.h"
 #include "core/run.h"
 #include "core/run_codec.h"
+#include "seeds.h"
 
 namespace traincoord {
 namespace {
@@ -390,18 +391,9 @@ extern "C" void report_seed_on_abort(int) {
   std::signal(SIGABRT, SIG_DFL);
 }
 
-uint64_t env_or(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 TEST(Simulation, RandomSchedulesKeepEveryInvariant) {
-  std::vector<uint64_t> seeds;
-  if (std::getenv("TRAINCOORD_SIM_SEED")) {
-    seeds.push_back(env_or("TRAINCOORD_SIM_SEED", 0));
-  } else {
-    for (uint64_t s = 1; s <= env_or("TRAINCOORD_SIM_SEEDS", 1000); ++s) seeds.push_back(s);
-  }
+  const std::vector<uint64_t> seeds =
+      testing::seeds_from_env("TRAINCOORD_SIM_SEED", "TRAINCOORD_SIM_SEEDS", 1000);
   std::signal(SIGABRT, report_seed_on_abort);
   for (uint64_t seed : seeds) {
     current_seed = seed;

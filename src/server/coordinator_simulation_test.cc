@@ -35,6 +35,7 @@
 
 #include "core/run_codec.h"
 #include "journal/memory_journal.h"
+#include "seeds.h"
 #include "server/restore.h"
 
 namespace traincoord {
@@ -373,18 +374,9 @@ class Simulation {
   std::set<JobKey> acknowledged_;
 };
 
-uint64_t env_or(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 TEST(CoordinatorSimulation, EveryBatchOnceAndNothingAcceptedLostAcrossCrashes) {
-  std::vector<uint64_t> seeds;
-  if (std::getenv("TRAINCOORD_SERVER_SIM_SEED")) {
-    seeds.push_back(env_or("TRAINCOORD_SERVER_SIM_SEED", 0));
-  } else {
-    for (uint64_t s = 1; s <= env_or("TRAINCOORD_SERVER_SIM_SEEDS", 200); ++s) seeds.push_back(s);
-  }
+  const std::vector<uint64_t> seeds = testing::seeds_from_env(
+      "TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: TRAINCOORD_SERVER_SIM_SEED=" +
                  std::to_string(seed) + " traincoord_tests --gtest_filter='CoordinatorSimulation.*')");
