@@ -129,3 +129,21 @@ def test_a_message_that_reads_like_another_error_changes_nothing(fake):
     assert e.value.code == traincoord.RUN_NOT_FOUND
     assert job.outcome is None
     assert coordinator.paths.count("/v1/runs/r/workers") == 1  # not registered again
+
+
+def test_a_reply_without_a_field_it_must_have_is_a_clear_error(fake):
+    coordinator = fake([(200, REGISTERED),
+                        (200, {"status": "job", "job": {"lease": 7, "attempt": 1}}),
+                        ])
+    run = traincoord.Run(coordinator.url, "r", "w", heartbeats=False)
+    with pytest.raises(traincoord.CoordinatorError) as e:
+        run.next_job()
+    assert e.value.code == traincoord.BAD_REPLY
+    assert "POST /v1/runs/r/acquire" in e.value.message and "'set'" in e.value.message
+
+
+def test_a_reply_that_is_not_json_is_a_clear_error(fake):
+    coordinator = fake([(200, "<html>a proxy's page</html>")])
+    with pytest.raises(traincoord.CoordinatorError) as e:
+        traincoord.Run(coordinator.url, "r", "w", heartbeats=False).next_job()
+    assert e.value.code == traincoord.BAD_REPLY

@@ -14,6 +14,7 @@ The Python standard library only, except ``traincoord.torch`` (PyTorch).
 """
 
 from .client import (
+    BAD_REPLY,
     LEASE_NOT_YOURS,
     LEASE_UNKNOWN,
     RUN_NOT_FOUND,
@@ -27,5 +28,5 @@ from .client import (
 )
 
 __all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
-           "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND", "WORKER_NOT_REGISTERED"]
+           "BAD_REPLY", "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND", "WORKER_NOT_REGISTERED"]
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ RUN_NOT_FOUND = "run_not_found"
 WORKER_NOT_REGISTERED = "worker_not_registered"  # the coordinator forgot us: register again
 LEASE_UNKNOWN = "lease_unknown"  # a lease the coordinator never issued (or forgot)
 LEASE_NOT_YOURS = "lease_not_yours"
+BAD_REPLY = "bad_reply"  # (the client's own) a reply without a field it must have
 # The coordinator restarted without its state and no longer knows the worker or the lease: a
 # completion is lost and its job will be handed out again.
 _FORGOTTEN = (WORKER_NOT_REGISTERED, LEASE_UNKNOWN)
@@ -47,6 +48,32 @@ class CoordinatorError(Exception):
         self.status = status
         self.code = code
         self.field = field
+
+
+class _Reply(dict):
+    """A reply's JSON object: a field it lacks raises CoordinatorError(code="bad_reply") naming
+    the request and the field, instead of a bare KeyError (a coordinator of another version, or
+    something else listening at the URL)."""
+
+    def __init__(self, fields: dict, where: str) -> None:
+        super().__init__(fields)
+        self._where = where
+
+    def __missing__(self, key: str) -> Any:
+        raise CoordinatorError(f"the reply to {self._where} lacks field {key!r} (is the "
+                               f"coordinator of another version?): {json.dumps(self)[:200]}",
+                               code=BAD_REPLY)
+
+
+def _parse_reply(data: bytes, where: str) -> Any:
+    try:
+        reply = json.loads(data, object_hook=lambda fields: _Reply(fields, where)) if data else {}
+    except (ValueError, UnicodeDecodeError):
+        reply = None
+    if not isinstance(reply, dict):
+        raise CoordinatorError(f"the reply to {where} is not a JSON object: "
+                               f"{data[:200].decode(errors='replace')}", code=BAD_REPLY)
+    return reply
 
 
 class Unreachable(CoordinatorError):
@@ -514,9 +541,12 @@ class Run:
                 status, data = conn.request(method, path, body, self.timeout + extra)
                 if status < 500:
                     self._reached = True
-                    reply = json.loads(data) if data else {}
                     if status in (200, 201):
-                        return reply
+                        return _parse_reply(data, f"{method} {path}")
+                    try:
+                        reply = json.loads(data) if data else {}
+                    except (ValueError, UnicodeDecodeError):
+                        reply = {}
                     err = reply.get("error", {}) if isinstance(reply, dict) else {}
                     raise CoordinatorError(err.get("message", data.decode(errors="replace")),
                                            status, err.get("code", ""), err.get("field", ""))
