@@ -109,16 +109,13 @@ class Journal {
 
   // Takes everything buffered, with the epochs and states of the runs it touched (read from
   // `engine`); with `snapshots`, also snapshots of runs whose log grew long. Cheap: no I/O.
-  virtual std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots,
-                                             TimeMs now) = 0;
+  virtual std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) = 0;
   // Writes a batch, all of it or nothing. Batches are written in the order taken, one at a
   // time, possibly on another thread than take(). An error means durability is broken (the
   // caller must stop rather than reply), unless last_write_was_full().
   [[nodiscard]] virtual Result<void> write(const JournalBatch& batch) = 0;
   // take() + write(): writes everything buffered now.
-  [[nodiscard]] Result<void> commit(const Engine& engine) {
-    return write(*take(engine, false, 0));
-  }
+  [[nodiscard]] Result<void> commit(const Engine& engine) { return write(*take(engine, false, 0)); }
   // Replaces a run's config (after the user asked to apply a changed one), with a snapshot.
   [[nodiscard]] virtual Result<void> replace_config(const Run& run, std::string_view format,
                                                     std::string_view text, TimeMs now) = 0;

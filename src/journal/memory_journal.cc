@@ -46,14 +46,14 @@ Result<std::vector<SavedRun>> MemoryJournal::saved_runs() {
   return runs;
 }
 
-Result<void> MemoryJournal::for_each_record(
-    const std::function<Result<void>(const Record&)>& fn) {
+Result<void> MemoryJournal::for_each_record(const std::function<Result<void>(const Record&)>& fn) {
   // In the order written: by sequence number across runs.
   std::vector<const Record*> all;
   for (const auto& [name, s] : saved_) {
     for (const Record& r : s.records) all.push_back(&r);
   }
-  std::sort(all.begin(), all.end(), [](const Record* a, const Record* b) { return a->seq < b->seq; });
+  std::sort(all.begin(), all.end(),
+            [](const Record* a, const Record* b) { return a->seq < b->seq; });
   for (const Record* r : all) {
     if (auto done = fn(*r); !done) return done;
   }
@@ -69,8 +69,8 @@ Result<TimeMs> MemoryJournal::latest_time() {
   return std::max(latest, snapshot_time_);
 }
 
-void MemoryJournal::add_run(const std::string& name, std::string_view format,
-                            std::string_view text, TimeMs created) {
+void MemoryJournal::add_run(const std::string& name, std::string_view format, std::string_view text,
+                            TimeMs created) {
   if (!pending_) pending_ = std::make_unique<Batch>();
   pending_->runs.push_back(
       SavedRun{name, std::string(format), std::string(text), created, std::nullopt, 0});

@@ -188,9 +188,9 @@ std::optional<HttpReply> Auth::check(std::string_view method, std::string_view t
   // Who may call it is the endpoint table's to say. A request no row takes (a 404 or 405 then)
   // needs the token of the run it names, else the admin token.
   const Endpoint* endpoint = Api::find_endpoint(method, target);
-  const Access access = endpoint                       ? endpoint->access
+  const Access access = endpoint                      ? endpoint->access
                         : Api::run_of(target).empty() ? Access::kAdmin
-                                                       : Access::kRun;
+                                                      : Access::kRun;
   if (access == Access::kAnyone) return std::nullopt;
   const std::string_view token = bearer_token(authorization);
   if (token.empty()) {

@@ -24,11 +24,11 @@ void JournalObserver::run_created(const Run& run, std::string_view config_json, 
 }
 
 void JournalObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
-                                          const Completed& completed,
-                                          const Completion& completion, TimeMs now) {
+                                          const Completed& completed, const Completion& completion,
+                                          TimeMs now) {
   journal_.add_completion({run.config().name, lease, run.workers()[worker].name,
-                           set_name(completed.set), completed.epoch, completed.job,
-                           completion.loss, completion.samples, &completion.metrics, now});
+                           set_name(completed.set), completed.epoch, completed.job, completion.loss,
+                           completion.samples, &completion.metrics, now});
 }
 
 Coordinator::Coordinator(Engine& engine, ServerClock& clock, Journal* journal,
@@ -54,8 +54,8 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
     const std::string_view endpoint = Api::endpoint_of(request.method, request.target);
     if (options_.auth) {
       // Refused before anything happens: nothing to log, nothing changed.
-      if (auto refused = options_.auth->check(request.method, request.target,
-                                              request.authorization)) {
+      if (auto refused =
+              options_.auth->check(request.method, request.target, request.authorization)) {
         outbox_.push_back({std::move(call.to), std::move(*refused), endpoint});
         continue;
       }
@@ -83,7 +83,8 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
           break;
         case Effect::kChanged:
           record(run, t, RecordKind::kRequest, request.target, request.body,
-                 reply ? reply->status : kOutcomeParked, reply ? std::string_view(reply->body) : "");
+                 reply ? reply->status : kOutcomeParked,
+                 reply ? std::string_view(reply->body) : "");
           touched.push_back(run);
           break;
         case Effect::kExpiredOnly:
@@ -100,11 +101,13 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
           if (!token) {
             wave.notices.push_back("cannot save the worker token of run " + r->config().name +
                                    ": " + token.error().message);
-            *reply = error_reply(
-                500, "token_not_saved",
-                "run " + r->config().name + " was created, but its worker token could not be "
-                "saved (" + token.error().message + "); its workers can use the admin token "
-                "until the token dir is fixed and the server restarted");
+            *reply = error_reply(500, "token_not_saved",
+                                 "run " + r->config().name +
+                                     " was created, but its worker token could not be "
+                                     "saved (" +
+                                     token.error().message +
+                                     "); its workers can use the admin token "
+                                     "until the token dir is fixed and the server restarted");
           }
         }
       }
@@ -151,10 +154,10 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
   return wave;
 }
 
-void Coordinator::record(std::string_view run, TimeMs t, RecordKind kind,
-                         std::string_view target, std::string_view body, int outcome,
-                         std::string_view reply) {
-  if (journal_ && engine_.find(run)) journal_->add_record(run, t, kind, target, body, outcome, reply);
+void Coordinator::record(std::string_view run, TimeMs t, RecordKind kind, std::string_view target,
+                         std::string_view body, int outcome, std::string_view reply) {
+  if (journal_ && engine_.find(run))
+    journal_->add_record(run, t, kind, target, body, outcome, reply);
 }
 
 // GET /metrics and the dashboard's files: nothing to log.
@@ -184,7 +187,8 @@ void Coordinator::journal_full_changed(bool full, std::vector<std::string>* noti
                   : std::string("the journal has no room")) +
         ": taking no new work (503) until there is room; reads go on, leases do not expire");
     for (auto& [run, queue] : parked_) {
-      for (Parked& p : queue) outbox_.push_back({std::move(p.to), journal_full_reply(), p.endpoint});
+      for (Parked& p : queue)
+        outbox_.push_back({std::move(p.to), journal_full_reply(), p.endpoint});
     }
     parked_.clear();
   } else {
@@ -236,7 +240,8 @@ TimeMs Coordinator::next_wakeup_ms() const {
   TimeMs wake = options_.tick_ms;
   const TimeMs now = clock_.now();
   for (const auto& [run, queue] : parked_) {
-    for (const Parked& p : queue) wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
+    for (const Parked& p : queue)
+      wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
   }
   return wake;
 }

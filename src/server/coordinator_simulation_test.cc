@@ -151,8 +151,7 @@ class Simulation {
     calls_.push_back(Call{std::move(request), ReplyTo{[](HttpReply) {}, {}}});
   }
 
-  void send(size_t w, std::string target, std::string body,
-            std::vector<uint64_t> sent = {}) {
+  void send(size_t w, std::string target, std::string body, std::vector<uint64_t> sent = {}) {
     Worker& worker = workers_[w];
     worker.sent = std::move(sent);
     worker.in_flight = HttpRequest{"POST", "/v1/runs/s/" + target, std::move(body), {}};
@@ -190,8 +189,8 @@ class Simulation {
       worker.dead_until = wall_.now() + 500 + pick(3000);
       return;
     }
-    const std::string wait = pick(2) == 0 ? R"(, "wait_ms": )" + std::to_string(50 + pick(1500))
-                                          : std::string();
+    const std::string wait =
+        pick(2) == 0 ? R"(, "wait_ms": )" + std::to_string(50 + pick(1500)) : std::string();
     const std::string jobs = pick(3) == 0 ? R"(, "jobs": 2)" : std::string();
     const std::string request = R"(, "request": )" + std::to_string(worker.next_request++);
     if (worker.leases.empty()) {
@@ -204,9 +203,8 @@ class Simulation {
     } else {
       std::string body = me + R"(, "completions": [)";
       for (size_t i = 0; i < worker.leases.size(); ++i) {
-        body += (i ? "," : "") + std::string(R"({"lease": )") +
-                std::to_string(worker.leases[i]) + R"(, "loss": )" +
-                std::to_string(0.5 + pick(100) / 100.0) + R"(, "samples": 4})";
+        body += (i ? "," : "") + std::string(R"({"lease": )") + std::to_string(worker.leases[i]) +
+                R"(, "loss": )" + std::to_string(0.5 + pick(100) / 100.0) + R"(, "samples": 4})";
       }
       send(w, "complete", body + R"(], "next": true)" + wait + jobs + request + "}",
            std::move(worker.leases));
@@ -375,11 +373,12 @@ class Simulation {
 };
 
 TEST(CoordinatorSimulation, EveryBatchOnceAndNothingAcceptedLostAcrossCrashes) {
-  const std::vector<uint64_t> seeds = testing::seeds_from_env(
-      "TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
+  const std::vector<uint64_t> seeds =
+      testing::seeds_from_env("TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
   for (uint64_t seed : seeds) {
-    SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: TRAINCOORD_SERVER_SIM_SEED=" +
-                 std::to_string(seed) + " traincoord_tests --gtest_filter='CoordinatorSimulation.*')");
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (replay: TRAINCOORD_SERVER_SIM_SEED=" + std::to_string(seed) +
+                 " traincoord_tests --gtest_filter='CoordinatorSimulation.*')");
     Simulation sim(seed);
     sim.run();
     if (HasFailure()) return;

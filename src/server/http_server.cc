@@ -33,9 +33,7 @@ namespace http = beast::http;
 namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 class HttpServer::Impl {
  public:
@@ -412,7 +410,6 @@ class HttpServer::Impl {
     }
   }
 
-
  public:
   std::atomic<int64_t> connections_{0};
   std::atomic<uint64_t> tls_failures_{0};
@@ -595,8 +592,8 @@ class HttpServer::Impl::Session : public Deadlined,
         into->emplace_back(it->value().data(), it->value().size());
       }
     }
-    auto why = framing_error({header.version(), std::span(te.data(), te.size()),
-                              std::span(host.data(), host.size())});
+    auto why = framing_error(
+        {header.version(), std::span(te.data(), te.size()), std::span(host.data(), host.size())});
     if (!why) return true;
     fail(error_reply(400, "bad_request", "malformed HTTP request: " + *why));
     return false;
@@ -750,8 +747,7 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
-HttpServer::HttpServer(Engine& engine, ServerClock& clock, Journal* journal,
-                       ServerOptions options)
+HttpServer::HttpServer(Engine& engine, ServerClock& clock, Journal* journal, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, clock, journal, std::move(options))) {}
 HttpServer::~HttpServer() = default;
 Result<uint16_t> HttpServer::start() { return impl_->start(); }

@@ -15,10 +15,10 @@
 
 #include "core/engine.h"
 #include "core/error.h"
+#include "journal/journal.h"
 #include "server/api.h"
 #include "server/auth.h"
 #include "server/server_clock.h"
-#include "journal/journal.h"
 
 namespace traincoord {
 

@@ -371,7 +371,6 @@ TEST(Store, RefusesADatabaseOfANewerVersion) {
   EXPECT_NE(store.error().message.find("newer traincoord"), std::string::npos);
 }
 
-
 // ---- What the journal keeps, and how a restart checks it (issue 16, items 1-5) ----
 
 std::string open_error(const StoreOptions& o) {
@@ -499,9 +498,8 @@ TEST(JournalKeeps, AChecksumOnEveryRowSnapshotAndConfig) {
          // (`"loss": 1.5` becomes `"loss":91.5`)
          damage_blob(d, "log", "records", "1", "\"loss\": ", '9');
        }},
-      {"a byte of a snapshot", [](const std::string& d) {
-         damage_blob(d, "snapshots", "state", "1", "", '\x7f');
-       }},
+      {"a byte of a snapshot",
+       [](const std::string& d) { damage_blob(d, "snapshots", "state", "1", "", '\x7f'); }},
       {"a missing log row",
        [](const std::string& d) {
          auto db = sqlite::Db::open(d + "/traincoord.db", false);
@@ -510,13 +508,15 @@ TEST(JournalKeeps, AChecksumOnEveryRowSnapshotAndConfig) {
       {"a time in a log row",
        [](const std::string& d) {
          auto db = sqlite::Db::open(d + "/traincoord.db", false);
-         ASSERT_TRUE(db->exec("UPDATE log SET time_ms = time_ms + 1 WHERE seq = (SELECT max(seq) "
-                              "FROM log)"));
+         ASSERT_TRUE(
+             db->exec("UPDATE log SET time_ms = time_ms + 1 WHERE seq = (SELECT max(seq) "
+                      "FROM log)"));
        }},
       {"the config", [](const std::string& d) {
          auto db = sqlite::Db::open(d + "/traincoord.db", false);
-         ASSERT_TRUE(db->exec("UPDATE runs SET config = replace(config, '\"epochs\": 4', "
-                              "'\"epochs\": 5')"));
+         ASSERT_TRUE(
+             db->exec("UPDATE runs SET config = replace(config, '\"epochs\": 4', "
+                      "'\"epochs\": 5')"));
        }}};
   for (const auto& [what, damage] : damages) {
     SCOPED_TRACE(what);
@@ -524,7 +524,8 @@ TEST(JournalKeeps, AChecksumOnEveryRowSnapshotAndConfig) {
     {
       // A snapshot (of the first 30 records) where the snapshot is damaged; elsewhere none:
       // the log is read from its start (rows a snapshot covers are never read again).
-      Harness h(dir.path(), std::string(what).find("snapshot") != std::string::npos ? 30 : 1'000'000);
+      Harness h(dir.path(),
+                std::string(what).find("snapshot") != std::string::npos ? 30 : 1'000'000);
       drive(h, 5);
     }
     ASSERT_EQ(restore_error(dir.path()), "");

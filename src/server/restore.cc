@@ -60,14 +60,19 @@ Result<RestoreReport> restore_engine(Journal& journal, Engine& engine, Api& api,
     }
     if (replayed_outcome == r.outcome) {
       return failed_precondition(
-          "log row " + std::to_string(r.seq) + " of run " + r.run + " does not replay as it "
-          "was: POST " + r.target + " " + body + (r.body.size() > 200 ? "..." : "") +
-          " was answered " + *r.reply + " when it came, but " + reply->body + " now. The "
+          "log row " + std::to_string(r.seq) + " of run " + r.run +
+          " does not replay as it "
+          "was: POST " +
+          r.target + " " + body + (r.body.size() > 200 ? "..." : "") + " was answered " + *r.reply +
+          " when it came, but " + reply->body +
+          " now. The "
           "state it would rebuild is not the state that was, so traincoord stops here");
     }
     return failed_precondition(
-        "log row " + std::to_string(r.seq) + " of run " + r.run + " does not replay as it was: "
-        "POST " + r.target + " " + body + (r.body.size() > 200 ? "..." : "") + " was answered " +
+        "log row " + std::to_string(r.seq) + " of run " + r.run +
+        " does not replay as it was: "
+        "POST " +
+        r.target + " " + body + (r.body.size() > 200 ? "..." : "") + " was answered " +
         name(r.outcome) + " when it came, but " + name(replayed_outcome) + " now" +
         (reply && reply->status >= 400 ? " (" + reply->body + ")" : std::string()) +
         ". The state it would rebuild is not the state that was, so traincoord stops here. "

@@ -6,9 +6,9 @@
 #include <string_view>
 
 #include "core/engine.h"
+#include "journal/journal.h"
 #include "server/api.h"
 #include "server/server_clock.h"
-#include "journal/journal.h"
 
 namespace traincoord {
 

@@ -308,9 +308,9 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     }
     const uint64_t free = free_bytes_at(options.dir);
     const std::string pid = std::to_string(::getpid()) + "\n";
-    const bool written = ::ftruncate(lock_fd, 0) == 0 &&
-                         ::pwrite(lock_fd, pid.data(), pid.size(), 0) ==
-                             static_cast<ssize_t>(pid.size());
+    const bool written =
+        ::ftruncate(lock_fd, 0) == 0 &&
+        ::pwrite(lock_fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size());
     if (!written || free < options.min_free_bytes) {
       const int err = errno;
       ::close(lock_fd);
@@ -468,8 +468,9 @@ Result<void> Store::check_head() {
     std::memcpy(&seq, buf + 16, 8);
     std::memcpy(&sum, buf + 24, 8);
     if (sum != XXH3_64bits(buf, 24)) {
-      notices_.push_back(head_path + " is damaged; it was ignored (it only serves to find lost "
-                                     "commits)");
+      notices_.push_back(head_path +
+                         " is damaged; it was ignored (it only serves to find lost "
+                         "commits)");
     } else if (seq > held) {
       notices_.push_back(
           "WARNING: " + path_ + " lost commits: it holds log rows up to " + std::to_string(held) +
@@ -562,8 +563,8 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
       if (!stmt->is_null(8)) {
         chain = static_cast<uint64_t>(stmt->int64(7));
         if (stmt->int64(8) != as_int(snapshot_sum(chain, r.snapshot_seq, *r.snapshot))) {
-          return failed_precondition(path_ + ": the snapshot of run " + r.name + " (as of log row " +
-                                     std::to_string(r.snapshot_seq) +
+          return failed_precondition(path_ + ": the snapshot of run " + r.name +
+                                     " (as of log row " + std::to_string(r.snapshot_seq) +
                                      ") fails its checksum: the database was changed or damaged. "
                                      "traincoord refuses to guess; restore the data dir from a "
                                      "backup, or move it away to start afresh");
@@ -720,8 +721,8 @@ void Store::take_run_state(const Run& run, StoreBatch* batch) {
 void Store::take_snapshot(const Run& run, TimeMs now, StoreBatch* batch) {
   const std::string& name = run.config().name;
   const auto chain = chain_.find(name);
-  batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(run),
-                              chain == chain_.end() ? 0 : chain->second});
+  batch->snapshots.push_back(
+      {name, last_seq_[name], now, RunCodec::save(run), chain == chain_.end() ? 0 : chain->second});
   records_since_snapshot_[name] = 0;
 }
 
@@ -889,8 +890,7 @@ Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
 
 Result<void> Store::replace_config(const Run& run, std::string_view format, std::string_view text,
                                    TimeMs now) {
-  auto stmt =
-      db_.prepare("UPDATE runs SET config_format = ?, config = ?, sum = ? WHERE name = ?");
+  auto stmt = db_.prepare("UPDATE runs SET config_format = ?, config = ?, sum = ? WHERE name = ?");
   if (!stmt) return tl::unexpected(stmt.error());
   stmt->bind(1, format).bind(2, text);
   stmt->bind(3, as_int(config_sum(run.config().name, format, text))).bind(4, run.config().name);

@@ -41,11 +41,12 @@ timeout = 2.0
 // The status code of one request (0: no answer), and its body in *body.
 int request(uint16_t port, const std::string& method, const std::string& path,
             const std::string& body = "", std::string* reply_body = nullptr) {
-  const std::string reply =
-      raw_exchange(port, method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
-                             "Content-Type: application/json\r\nContent-Length: " +
-                             std::to_string(body.size()) + "\r\n\r\n" + body,
-                   10'000);
+  const std::string reply = raw_exchange(
+      port,
+      method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\n\r\n" + body,
+      10'000);
   if (reply.rfind("HTTP/1.1 ", 0) != 0) return 0;
   if (reply_body) {
     const auto at = reply.find("\r\n\r\n");
@@ -82,9 +83,8 @@ TEST(DurabilityE2E, ARestartDoesNotReplayRefusedRequests) {
   TempDir dir;
   const std::string config = dir.write("d.toml", kRun);
   const std::string data = dir.path() + "/data";
-  const std::vector<std::string> args = {"--config",      config, "--data-dir", data,
-                                         "--durability",  "os",   "--max-workers-per-run",
-                                         "1"};
+  const std::vector<std::string> args = {
+      "--config", config, "--data-dir", data, "--durability", "os", "--max-workers-per-run", "1"};
   {
     auto server = ServerProcess::start(args);
     ASSERT_NE(server, nullptr);
@@ -197,15 +197,18 @@ TEST(DurabilityE2E, LostCommitsAreReportedAtTheNextStart) {
 bool can_mount_tmpfs(std::string* why) {
   TempDir probe;
   int status = 0;
-  *why = run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=1m tmpfs " + probe.path() +
-                         "' 2>&1",
-                     &status);
+  *why = run_command(
+      "unshare -Urm sh -c 'mount -t tmpfs -o size=1m tmpfs " + probe.path() + "' 2>&1", &status);
   return status == 0;
 }
 
 std::vector<std::string> on_tmpfs(const std::string& dir, const std::string& options) {
-  return {"unshare", "-Urm", "sh", "-c",
-          "mount -t tmpfs -o " + options + " tmpfs \"$0\" && exec \"$@\"", dir};
+  return {"unshare",
+          "-Urm",
+          "sh",
+          "-c",
+          "mount -t tmpfs -o " + options + " tmpfs \"$0\" && exec \"$@\"",
+          dir};
 }
 
 // Item 4: on a disk below the reserve, the server takes no new work (503, code disk_full),
@@ -270,11 +273,13 @@ TEST(DurabilityE2E, AStartOnAFullOrReadOnlyDiskIsRefused) {
   const std::string disk = dir.path() + "/disk";
   std::filesystem::create_directory(disk);
   int status = 0;
-  std::string said = run_command(
-      "unshare -Urm sh -c 'mount -t tmpfs -o size=8m tmpfs " + disk + " && head -c 7000000 "
-      "/dev/zero > " + disk + "/filler && exec " + TRAINCOORD_BIN + " serve --config " + config +
-      " --data-dir " + disk + " --listen 127.0.0.1:0' 2>&1",
-      &status);
+  std::string said =
+      run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=8m tmpfs " + disk +
+                      " && head -c 7000000 "
+                      "/dev/zero > " +
+                      disk + "/filler && exec " + TRAINCOORD_BIN + " serve --config " + config +
+                      " --data-dir " + disk + " --listen 127.0.0.1:0' 2>&1",
+                  &status);
   EXPECT_NE(status, 0) << said;
   EXPECT_NE(said.find("is full or nearly"), std::string::npos) << said;
   EXPECT_EQ(said.find("listening"), std::string::npos) << said;
