@@ -57,7 +57,7 @@ struct ServeArgs {
   bool apply_config_changes = false;
   uint64_t snapshot_every = 100'000;
   uint64_t min_free_disk_mib = 64;  // below this, no new work (503); a start is refused
-  bool auth = false;  // tokens even on loopback (always on for other addresses)
+  bool auth = false;                // tokens even on loopback (always on for other addresses)
   size_t max_connections = 20'000;
   uint64_t max_requests_per_connection = 1'000'000;
   size_t max_runs = 1000;

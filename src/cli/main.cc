@@ -204,8 +204,9 @@ int main(int argc, char** argv) {
                 "require tokens; workers get theirs through $TRAINCOORD_TOKEN_FILE");
   lch->add_option("command", launch_args.command, "the worker command, after --");
   lch->allow_extras(false);
-  lch->footer(example({"traincoord launch --workers 4 --config examples/digits/digits.toml -- "
-                       "/usr/bin/python3 examples/digits/train.py"}));
+  lch->footer(
+      example({"traincoord launch --workers 4 --config examples/digits/digits.toml -- "
+               "/usr/bin/python3 examples/digits/train.py"}));
 
   InspectArgs inspect_args;
   CLI::App* ins = app.add_subcommand("inspect", "Show the runs in a data dir, without a server");

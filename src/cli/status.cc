@@ -137,9 +137,7 @@ void print_run_status(const std::string& status_json, std::ostream& out,
   render_run(d, out, wall_now_ms);
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 int report_client_error(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";

@@ -5,7 +5,7 @@
 namespace traincoord::cli {
 namespace {
 
-const std::vector<std::string> kCommands = {"simulate", "serve",  "status", "runs",
+const std::vector<std::string> kCommands = {"simulate", "serve",   "status", "runs",
                                             "launch",   "inspect", "history"};
 
 TEST(ClosestName, SuggestsTheSubcommandATypoMeant) {

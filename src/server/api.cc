@@ -854,8 +854,7 @@ std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out)
   if (!a) return error_reply(a.error());
   // A retry that found nothing changed nothing, unless something happened on the way (a lease
   // expired, an epoch opened) or its request id is new to the worker.
-  const bool idle =
-      a->status != AcquireStatus::kJob && (parked.request == 0 || same_request);
+  const bool idle = a->status != AcquireStatus::kJob && (parked.request == 0 || same_request);
   if (!idle || (*run)->event_seq() != events) effect_ = Effect::kChanged;
   const bool epoch_opened = (*run)->epochs().size() != parked.epochs_opened;
   if (a->status == AcquireStatus::kWait && !timed_out && !epoch_opened) return std::nullopt;
@@ -920,8 +919,7 @@ constexpr Endpoint kEndpoints[] = {
     {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete},
     {"fail", "POST", "/v1/runs/{run}/fail", Access::kRun, &Api::Request::fail},
     {"release", "POST", "/v1/runs/{run}/release", Access::kRun, &Api::Request::release},
-    {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun,
-     &Api::Request::next_index},
+    {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };
 
 // The dashboard's files: a GET of "/" or of any one-segment path no row names.
@@ -1141,8 +1139,8 @@ std::string history_csv(const Run& run, TimeMs now) {
   for (const RecentCompletion& c : run.recent_completions()) {
     out += "job,";
     out += set_name(c.set);
-    out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," +
-           csv_number(c.loss) + ",,," + std::to_string(now - c.time);
+    out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," + csv_number(c.loss) +
+           ",,," + std::to_string(now - c.time);
     out.append(names.size(), ',');
     out += "\r\n";
   }
@@ -1175,10 +1173,10 @@ Api::Request::Reply Api::Request::history(Request& r) {
     return HttpReply{200, std::move(out), {}, "application/x-ndjson"};
   }
   if (format != "json") {
-    return error_reply(400, "invalid_argument",
-                       "format must be json, csv or jsonl, not \"" +
-                           std::string(format.substr(0, 32)) + "\"",
-                       "format");
+    return error_reply(
+        400, "invalid_argument",
+        "format must be json, csv or jsonl, not \"" + std::string(format.substr(0, 32)) + "\"",
+        "format");
   }
   JsonWriter j;
   j.begin_object().field("run", r.run->config().name).key("epochs").begin_array();
@@ -1199,7 +1197,7 @@ Api::Request::Reply Api::Request::history(Request& r) {
 
 Api::Request::Reply Api::Request::cancel(Request& r) {
   TC_TRY_ASSIGN(reason, r.body->string("reason", std::string("cancelled through the API"), 256,
-                                    TextKind::kMessage));
+                                       TextKind::kMessage));
   TC_TRY_REPLY(r.body->no_unknown_fields());
   r.run->cancel(reason);
   JsonWriter j;
@@ -1234,10 +1232,7 @@ Api::Request::Reply Api::Request::next_index(Request& r) {
   }
   TC_TRY_ASSIGN(index, r.run->next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
   JsonWriter j;
-  j.begin_object()
-      .field("set", set)
-      .field("epoch", index.epoch)
-      .field("position", index.position);
+  j.begin_object().field("set", set).field("epoch", index.epoch).field("position", index.position);
   j.key("batch");
   if (index.batch) {
     j.value(*index.batch);
@@ -1289,8 +1284,8 @@ Api::Request::Reply Api::Request::release(Request& r) {
   TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
   const rapidjson::Value* listed = r.body->get("leases");
   if (listed == nullptr || !listed->IsArray() || listed->Size() > 1024) {
-    return error_reply(400, "invalid_argument",
-                       "leases must be an array of at most 1024 lease ids", "leases");
+    return error_reply(400, "invalid_argument", "leases must be an array of at most 1024 lease ids",
+                       "leases");
   }
   std::vector<LeaseId> leases;
   for (const auto& l : listed->GetArray()) {
@@ -1394,7 +1389,8 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
   const WorkerInfo& info = r.run->workers()[worker];
   const bool same_request = acquiring.request == 0 || (acquiring.request == info.last_request &&
                                                        info.last_request_lease == 0);
-  TC_TRY_ASSIGN(a, r.run->acquire(worker, acquiring.request,
+  TC_TRY_ASSIGN(a,
+                r.run->acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
   // A plain acquire that found nothing changed nothing but its worker's "last seen" (which
   // the journal does not keep), unless an event says otherwise (see handle()).

@@ -577,8 +577,7 @@ TEST_F(ApiTest, EveryEndpointOfTheTableIsRoutedLabelledAndDocumented) {
     EXPECT_TRUE(seen.emplace(e.method, e.path).second) << "listed twice";
     const std::string target = concrete(e.path);
     EXPECT_EQ(Api::endpoint_of(e.method, target), e.name);
-    EXPECT_NE(docs.find("`" + std::string(e.method) + " " + std::string(e.path)),
-              std::string::npos)
+    EXPECT_NE(docs.find("`" + std::string(e.method) + " " + std::string(e.path)), std::string::npos)
         << "not in docs/API.md";
     if (!e.handler) continue;  // (served by the coordinator)
     // Routed to its handler: never "no endpoint" (a bad body is a 400, not a 404).
