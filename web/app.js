@@ -87,7 +87,8 @@ function chart(el, key, series, { xName, yLog = false, best = false } = {}, old 
     series: [{ label: xName }, ...series],
     axes: [
       wholeAxis(el, "xticks"),
-      yLog ? { splits: logSplits, values: (u, s) => { el.dataset.yticks = s.join(","); return s.map(String); } }
+      // (uPlot's own filter would blank some of a log axis' splits: ours are all labelled.)
+      yLog ? { splits: logSplits, filter: (u, s) => s, values: (u, s) => { el.dataset.yticks = s.join(","); return s.map(String); } }
         : { values: (u, s) => { el.dataset.yticks = s.join(","); return s.map((v) => String(+v.toPrecision(6))); } },
     ],
     plugins: best ? [bestEpochPlugin] : [],

@@ -29,7 +29,7 @@ std::optional<int64_t> last_write_ms(const std::string& dir) {
     if (!ec && (!latest || t > *latest)) latest = t;
   }
   if (!latest) return std::nullopt;
-  const auto wall = std::chrono::clock_cast<std::chrono::system_clock>(*latest);
+  const auto wall = std::chrono::file_clock::to_sys(*latest);
   return std::chrono::duration_cast<std::chrono::milliseconds>(wall.time_since_epoch()).count();
 }
 
