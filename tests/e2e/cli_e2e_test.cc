@@ -57,9 +57,9 @@ TEST(Cli, AMisspeltOptionIsAUsageErrorThatSuggestsTheRightOne) {
 }
 
 TEST(Cli, EveryArgumentErrorExitsTwo) {
-  for (const std::string& args : {"", "status --interval 0", "simulate", "simulate --config",
-                                  "history", "history r --format xml", "serve --durability maybe",
-                                  "launch --workers 0 --config x", "inspect --data-dir"}) {
+  for (const std::string args : {"", "status --interval 0", "simulate", "simulate --config",
+                                 "history", "history r --format xml", "serve --durability maybe",
+                                 "launch --workers 0 --config x", "inspect --data-dir"}) {
     auto [status, out] = traincoord(args);
     EXPECT_EQ(status, 2) << "traincoord " << args << ": " << out;
     EXPECT_TRUE(contains(out, "traincoord: ")) << out;
@@ -67,7 +67,7 @@ TEST(Cli, EveryArgumentErrorExitsTwo) {
 }
 
 TEST(Cli, HelpOfEverySubcommandEndsWithAnExampleAndExitsZero) {
-  for (const std::string& sub :
+  for (const std::string sub :
        {"simulate", "serve", "status", "runs", "history", "launch", "inspect"}) {
     auto [status, out] = traincoord(sub + " --help");
     EXPECT_EQ(status, 0) << sub;
@@ -129,7 +129,9 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
     d.Parse(line.c_str());
     ASSERT_FALSE(d.HasParseError()) << line;
     EXPECT_STREQ(d["kind"].GetString(), n < 2 ? "epoch" : "job") << line;
-    if (n == 0) EXPECT_DOUBLE_EQ(d["metrics"]["accuracy"].GetDouble(), 0.75);
+    if (n == 0) {
+      EXPECT_DOUBLE_EQ(d["metrics"]["accuracy"].GetDouble(), 0.75);
+    }
   }
   EXPECT_EQ(n, 6);
 }
