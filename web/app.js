@@ -1,10 +1,23 @@
 // The dashboard: polls the coordinator's JSON API and redraws, without reloading the page.
 "use strict";
 
-const state = { run: new URLSearchParams(location.search).get("run"), epochChart: null, jobChart: null };
+// Worker rates are counted over this recent window, from the server's per-worker job counts.
+const RATE_WINDOW_MS = 60000;
+// The workers table shows the busiest ones, then a summary row for all of them.
+const TOP_WORKERS = 20;
+
+const state = {
+  run: new URLSearchParams(location.search).get("run"),
+  epochChart: null,
+  jobChart: null,
+  metricCharts: new Map(),   // metric name → its chart
+  samples: new Map(),        // worker id → [{t, jobs}] over the last RATE_WINDOW_MS
+  logScale: localStorage.getItem("traincoord-loss-log") === "1",
+  bestEpoch: null,
+};
 const $ = (id) => document.getElementById(id);
 const fmt = (v, d = 4) => (v === null || v === undefined ? "–" : Number(v).toFixed(d));
-const text = (s) => String(s).replace(/[&<>]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;" }[c]));
+const text = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
 
 // With tokens on, open the dashboard as http://HOST:PORT/#token=ADMIN_TOKEN; it is kept in this
 // browser's local storage, never in the URL sent to the server.
@@ -18,42 +31,183 @@ async function json(path) {
   return r.json();
 }
 
-function chart(el, title, series, old) {
-  const width = el.clientWidth || 500;
-  const labels = series.map((s) => s.label).join("|");
-  if (old && old.labels === labels) return old;
+// Epochs and jobs are whole numbers: ticks only at whole steps, and a lone point is centred.
+const wholeAxis = (el, name) => ({
+  incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+  values: (u, splits) => { el.dataset[name] = splits.join(","); return splits.map(String); },
+});
+const wholeRange = (u, min, max) => (min === null ? [0, 1] : min === max ? [min - 1, max + 1] : [min, max]);
+
+// A log axis gets ticks at 1, 2 and 5 times a power of ten.
+function logSplits(u, axisIdx, min, max) {
+  const out = [];
+  for (let p = Math.floor(Math.log10(min)); p <= Math.ceil(Math.log10(max)); p++) {
+    for (const m of [1, 2, 5]) {
+      const v = Number((m * 10 ** p).toPrecision(1));
+      if (v >= min * (1 - 1e-9) && v <= max * (1 + 1e-9)) out.push(v);
+    }
+  }
+  return out;
+}
+
+// A vertical dashed line at the best epoch, labelled.
+const bestEpochPlugin = {
+  hooks: {
+    draw: (u) => {
+      if (state.bestEpoch === null || !u.scales.x || u.scales.x.min === undefined) return;
+      const x = Math.round(u.valToPos(state.bestEpoch, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+      const ctx = u.ctx;
+      ctx.save();
+      ctx.strokeStyle = "#2a8c4a";
+      ctx.lineWidth = 2 * devicePixelRatio;
+      ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      ctx.fillStyle = "#2a8c4a";
+      ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
+      ctx.fillText(`best ${state.bestEpoch}`, x + 4 * devicePixelRatio, u.bbox.top + 14 * devicePixelRatio);
+      ctx.restore();
+    },
+  },
+};
+
+// A chart in `el`, made again only when its shape (`key`) changes.
+function chart(el, key, series, { xName, yLog = false, best = false } = {}, old = null) {
+  if (old && old.key === key) return old;
   if (old) old.destroy();
   const made = new uPlot({
-    width, height: 220, title,
-    scales: { x: { time: false } },
-    series: [{ label: "x" }, ...series],
-    axes: [{}, {}],
+    width: el.clientWidth || 500, height: 220,
+    scales: {
+      x: { time: false, range: wholeRange },
+      y: yLog ? { distr: 3, log: 10 } : {},
+    },
+    series: [{ label: xName }, ...series],
+    axes: [
+      wholeAxis(el, "xticks"),
+      // (uPlot's own filter would blank some of a log axis' splits: ours are all labelled.)
+      yLog ? { splits: logSplits, filter: (u, s) => s, values: (u, s) => { el.dataset.yticks = s.join(","); return s.map(String); } }
+        : { values: (u, s) => { el.dataset.yticks = s.join(","); return s.map((v) => String(+v.toPrecision(6))); } },
+    ],
+    plugins: best ? [bestEpochPlugin] : [],
   }, [[]], el);
-  made.labels = labels;
+  made.key = key;
   return made;
 }
 
-function drawEpochs(history) {
-  const epochs = [...new Set(history.epochs.map((e) => e.epoch))].sort((a, b) => a - b);
-  const loss = (set, ep) => {
+// Per epoch, the closed value of `pick(epoch)` for `set` (null where not closed).
+function perEpoch(history, epochs, set, pick) {
+  return epochs.map((ep) => {
     const e = history.epochs.find((x) => x.set === set && x.epoch === ep && x.closed);
-    return e ? e.loss : null;
-  };
-  state.epochChart = chart($("epoch-chart"), "", [
-    { label: "train", stroke: "#3b7ddd", width: 2, points: { show: true } },
-    { label: "dev", stroke: "#dd6b3b", width: 2, points: { show: true } },
-  ], state.epochChart);
-  state.epochChart.setData([epochs, epochs.map((e) => loss("train", e)), epochs.map((e) => loss("dev", e))]);
-  $("epoch-chart").dataset.points = String(history.epochs.filter((e) => e.closed).length);
+    const v = e ? pick(e) : null;
+    return v === undefined ? null : v;
+  });
+}
+
+const trainDev = [
+  { label: "train", stroke: "#3b7ddd", width: 2, points: { show: true } },
+  { label: "dev", stroke: "#dd6b3b", width: 2, points: { show: true } },
+];
+
+function drawEpochs(history, status) {
+  const epochs = [...new Set(history.epochs.map((e) => e.epoch))].sort((a, b) => a - b);
+  const el = $("epoch-chart");
+  const es = status.early_stop;
+  state.bestEpoch = es.best_epoch;
+  el.dataset.bestEpoch = es.best_epoch === null ? "" : String(es.best_epoch);
+  $("best-note").textContent = es.best_epoch === null ? "" :
+    `best epoch ${es.best_epoch}: ${es.monitor} ${fmt(es.best_value)}`;
+  state.epochChart = chart(el, `loss|${state.logScale}`, trainDev,
+    { xName: "epoch", yLog: state.logScale, best: true }, state.epochChart);
+  // A log axis cannot show a loss of 0 or below: such points are left out there.
+  const shown = (v) => (state.logScale && v !== null && v <= 0 ? null : v);
+  state.epochChart.setData([epochs,
+    perEpoch(history, epochs, "train", (e) => shown(e.loss)),
+    perEpoch(history, epochs, "dev", (e) => shown(e.loss))]);
+  el.dataset.points = String(history.epochs.filter((e) => e.closed).length);
+  el.dataset.scale = state.logScale ? "log" : "linear";
+  drawMetrics(history, epochs);
+}
+
+// A chart per metric the workers report (train and dev, per closed epoch).
+function drawMetrics(history, epochs) {
+  const names = [];
+  for (const e of history.epochs) for (const n of Object.keys(e.metrics)) if (!names.includes(n)) names.push(n);
+  const box = $("metric-charts");
+  for (const [name, c] of state.metricCharts) {
+    if (!names.includes(name)) { c.destroy(); state.metricCharts.delete(name); }
+  }
+  const sections = [...box.children];
+  if (sections.map((s) => s.dataset.metric).join("\n") !== names.join("\n")) {
+    for (const c of state.metricCharts.values()) c.destroy();
+    state.metricCharts.clear();
+    box.innerHTML = names.map((n) =>
+      `<section data-metric="${text(n)}"><h2>${text(n)} per epoch</h2><div class="chart"></div></section>`).join("");
+  }
+  [...box.children].forEach((section, i) => {
+    const name = names[i];
+    const c = chart(section.querySelector(".chart"), `metric|${name}`, trainDev, { xName: "epoch" },
+      state.metricCharts.get(name));
+    state.metricCharts.set(name, c);
+    c.setData([epochs,
+      perEpoch(history, epochs, "train", (e) => e.metrics[name]),
+      perEpoch(history, epochs, "dev", (e) => e.metrics[name])]);
+  });
 }
 
 function drawJobs(history, current) {
   const jobs = current ? history.jobs.filter((j) => j.set === current.set && j.epoch === current.epoch) : [];
   jobs.sort((a, b) => b.ago_ms - a.ago_ms);
-  state.jobChart = chart($("job-chart"), "", [
+  state.jobChart = chart($("job-chart"), `jobs|${current ? current.set + current.epoch : ""}`, [
     { label: current ? `${current.set} epoch ${current.epoch}` : "loss", stroke: "#4a9b5f", width: 1, points: { show: true, size: 4 } },
-  ], state.jobChart);
+  ], { xName: "job" }, state.jobChart);
   state.jobChart.setData([jobs.map((_, i) => i + 1), jobs.map((j) => j.loss)]);
+}
+
+// Records each worker's job count at time `t`, and returns each one's jobs per second over the
+// samples of the last RATE_WINDOW_MS (null until two polls 2 s apart are in it).
+function workerRates(workers, t) {
+  const rates = new Map();
+  const ids = new Set();
+  for (const w of workers) {
+    ids.add(w.id);
+    const s = state.samples.get(w.id) || [];
+    s.push({ t, jobs: w.jobs_done });
+    while (s.length > 2 && t - s[1].t >= RATE_WINDOW_MS) s.shift();
+    state.samples.set(w.id, s);
+    const first = s[0], last = s[s.length - 1];
+    rates.set(w.id, last.t - first.t >= 2000 ? (1000 * (last.jobs - first.jobs)) / (last.t - first.t) : null);
+  }
+  for (const id of state.samples.keys()) if (!ids.has(id)) state.samples.delete(id);
+  return rates;
+}
+
+function drawWorkers(workers) {
+  const rates = workerRates(workers, Date.now());
+  const ranked = [...workers].sort((a, b) =>
+    (rates.get(b.id) ?? -1) - (rates.get(a.id) ?? -1) || b.jobs_done - a.jobs_done || a.id - b.id);
+  const shown = ranked.slice(0, TOP_WORKERS);
+  const row = (w) => {
+    const rate = rates.get(w.id);
+    return `<tr class="worker" data-name="${text(w.name)}" data-rate="${rate === null ? "" : rate}">` +
+      `<td>${text(w.name)}${w.active ? "" : " (left)"}</td><td>${w.jobs_done}</td>` +
+      `<td>${fmt(rate, 1)}</td><td>${fmt(w.last_seen_ago_ms / 1000, 1)} s ago</td>` +
+      `<td>${w.leases.length ? "lease " + w.leases.join(", ") : "–"}</td></tr>`;
+  };
+  const active = workers.filter((w) => w.active).length;
+  const known = workers.map((w) => rates.get(w.id)).filter((r) => r !== null);
+  const total = known.length ? known.reduce((a, b) => a + b, 0) : null;
+  const jobs = workers.reduce((a, w) => a + w.jobs_done, 0);
+  const leases = workers.reduce((a, w) => a + w.leases.length, 0);
+  const more = workers.length - shown.length;
+  $("workers").innerHTML =
+    `<tr><th>worker</th><th>jobs</th><th>jobs/s (last ${RATE_WINDOW_MS / 1000} s)</th><th>last seen</th><th>current job</th></tr>` +
+    shown.map(row).join("") +
+    `<tr class="summary" data-workers="${workers.length}" data-active="${active}" data-rate="${total === null ? "" : total}">` +
+    `<td>all ${workers.length} (${active} active)${more > 0 ? `; ${more} more not shown` : ""}</td>` +
+    `<td>${jobs}</td><td>${fmt(total, 1)}</td><td></td><td>${leases} leases</td></tr>`;
 }
 
 function draw(status, history) {
@@ -70,21 +224,15 @@ function draw(status, history) {
     $("progress-label").textContent = `${status.state}: ${p.jobs_done} / ${p.jobs_planned} jobs`;
   }
   $("progress-label").dataset.done = String(p.jobs_done);
-  $("eta").textContent = `${fmt(p.jobs_per_s, 1)} jobs/s` + (p.eta_s !== null ? `, ETA ${Math.round(p.eta_s)} s` : "");
+  $("eta").textContent = `${fmt(p.jobs_per_s, 1)} jobs/s since the start` + (p.eta_s !== null ? `, ETA ${Math.round(p.eta_s)} s` : "");
   const es = status.early_stop;
   $("early-stop").innerHTML = `rule <b>${text(es.rule)}</b> on ${text(es.monitor)}; ` +
     (es.best_epoch !== null ? `best epoch <b>${es.best_epoch}</b> (${fmt(es.best_value)}), ` : "") +
     `wait ${es.wait}` + (es.stopped ? `; <b>stopped</b>: ${text(es.reason)}` : "");
-  $("workers").innerHTML = "<tr><th>worker</th><th>jobs</th><th>rate/s</th><th>last seen</th><th>current job</th></tr>" +
-    status.workers.map((w) => {
-      const elapsed = Math.max(1, (Date.now() - state.started) / 1000);
-      return `<tr><td>${text(w.name)}${w.active ? "" : " (left)"}</td><td>${w.jobs_done}</td>` +
-        `<td>${fmt(w.jobs_done / elapsed, 1)}</td><td>${fmt(w.last_seen_ago_ms / 1000, 1)} s ago</td>` +
-        `<td>${w.leases.length ? "lease " + w.leases.join(", ") : "–"}</td></tr>`;
-    }).join("");
+  drawWorkers(status.workers);
   $("events").innerHTML = status.events.slice(-12).reverse().map((e) =>
     `<tr><td class="muted">${fmt(e.ago_ms / 1000, 1)} s ago</td><td>${text(e.kind)}</td><td>${text(e.text)}</td></tr>`).join("");
-  drawEpochs(history);
+  drawEpochs(history, status);
   drawJobs(history, c);
 }
 
@@ -97,6 +245,7 @@ async function tick() {
       const name = encodeURIComponent(state.run);
       const [status, history] = await Promise.all([json(`/v1/runs/${name}`), json(`/v1/runs/${name}/history`)]);
       draw(status, history);
+      state.last = { status, history };
     }
   } catch (e) {
     $("progress-label").textContent = `cannot reach the coordinator: ${e.message}`;
@@ -104,5 +253,10 @@ async function tick() {
   setTimeout(tick, 1000);
 }
 
-state.started = Date.now();
+$("loss-log").checked = state.logScale;
+$("loss-log").addEventListener("change", (ev) => {
+  state.logScale = ev.target.checked;
+  localStorage.setItem("traincoord-loss-log", state.logScale ? "1" : "0");
+  if (state.last) drawEpochs(state.last.history, state.last.status);
+});
 tick();

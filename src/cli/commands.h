@@ -2,11 +2,38 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+namespace traincoord::client {
+struct ClientError;
+}
+
 namespace traincoord::cli {
+
+// The exit status of every subcommand, one table (docs/CLI.md).
+namespace exit_code {
+inline constexpr int kOk = 0;
+// A failure while working: the coordinator cannot be reached or refused a request, the server
+// could not start, a worker of `launch` failed.
+inline constexpr int kFailed = 1;
+// The command line is wrong (CLI11's parse errors, an unknown subcommand or option, a missing
+// RUN), or a file it names is (a run config, a data dir that cannot be used).
+inline constexpr int kUsage = 2;
+// No run of that name (status, history, inspect).
+inline constexpr int kRunNotFound = 3;
+// launch: the run did not finish (every worker exited while it ran, or it was cancelled or
+// failed).
+inline constexpr int kRunUnfinished = 4;
+// Stopped by SIGINT (Ctrl-C) or SIGTERM.
+inline constexpr int kInterrupted = 130;
+}  // namespace exit_code
+
+// Says on stderr what a request to the coordinator at `url` met, and returns the exit status
+// for it: kRunNotFound for run_not_found, else kFailed.
+int report_client_error(const client::ClientError& e, const std::string& url);
 
 struct SimulateArgs {
   std::string config;
@@ -30,7 +57,7 @@ struct ServeArgs {
   bool apply_config_changes = false;
   uint64_t snapshot_every = 100'000;
   uint64_t min_free_disk_mib = 64;  // below this, no new work (503); a start is refused
-  bool auth = false;  // tokens even on loopback (always on for other addresses)
+  bool auth = false;                // tokens even on loopback (always on for other addresses)
   size_t max_connections = 20'000;
   uint64_t max_requests_per_connection = 1'000'000;
   size_t max_runs = 1000;
@@ -54,8 +81,11 @@ struct StatusArgs {
 };
 int status(const StatusArgs& args);
 int runs(const StatusArgs& args);
-// Renders the JSON of GET /v1/runs/RUN for a terminal.
-void print_run_status(const std::string& status_json, std::ostream& out);
+// Renders the JSON of GET /v1/runs/RUN for a terminal. With `wall_now_ms` (milliseconds since
+// the Unix epoch: the wall-clock time the reply's `*_ago_ms` count back from), times are shown
+// as local dates rather than "s ago": for a run read from a data dir, with no server running.
+void print_run_status(const std::string& status_json, std::ostream& out,
+                      std::optional<int64_t> wall_now_ms = std::nullopt);
 
 struct LaunchArgs {
   int workers = 1;
@@ -65,9 +95,9 @@ struct LaunchArgs {
   bool auth = false;     // tokens (kept in the data dir, or ./traincoord-tokens)
   std::vector<std::string> command;
 };
-// Exit status: 0 when the run completed or stopped early and every worker exited 0; 1 when a
-// worker failed (after its restarts); 2 for bad arguments; 3 when the workers exited before
-// the run finished; 130 when interrupted.
+// Exit status (exit_code): kOk when the run completed or stopped early and every worker exited
+// 0; kFailed when a worker failed (after its restarts); kUsage for bad arguments;
+// kRunUnfinished when the run did not finish; kInterrupted when interrupted.
 int launch(const LaunchArgs& args);
 
 struct InspectArgs {
@@ -76,5 +106,13 @@ struct InspectArgs {
   bool json = false;
 };
 int inspect(const InspectArgs& args);
+
+struct HistoryArgs {
+  std::string url = "http://127.0.0.1:8470";
+  std::string run;
+  std::string format = "csv";  // csv, jsonl or json (GET /v1/runs/RUN/history?format=...)
+};
+// Prints a run's history (epoch losses and metrics, the recent completions) to stdout.
+int history(const HistoryArgs& args);
 
 }  // namespace traincoord::cli

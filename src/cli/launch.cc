@@ -23,8 +23,8 @@
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "server/auth.h"
-#include "server/http_server.h"
 #include "server/coordinator.h"
+#include "server/http_server.h"
 #include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
@@ -36,7 +36,7 @@ namespace {
 
 int fail(const std::string& message) {
   std::cerr << "traincoord launch: " << message << "\n";
-  return 2;
+  return exit_code::kUsage;
 }
 
 uint16_t free_port() {
@@ -247,13 +247,13 @@ int launch(const LaunchArgs& args) {
                 << "\n";
     }
   }
-  if (interrupted) return 130;
-  if (failed > 0) return 1;
-  if (state == "completed" || state == "early_stopped") return 0;
+  if (interrupted) return exit_code::kInterrupted;
+  if (failed > 0) return exit_code::kFailed;
+  if (state == "completed" || state == "early_stopped") return exit_code::kOk;
   if (state == "running") {
     std::cerr << "traincoord launch: every worker exited, but the run is not finished\n";
   }
-  return 3;
+  return exit_code::kRunUnfinished;
 }
 
 }  // namespace traincoord::cli

@@ -1,16 +1,74 @@
 // The traincoord binary: one subcommand per file in src/cli/.
+#include <algorithm>
+#include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/suggest.h"
 #include "sim/simulation.h"
 
+namespace {
+
+using namespace traincoord::cli;
+
+constexpr const char* kExitCodes =
+    "Exit status: 0 ok, 1 failed (coordinator unreachable, a worker failed), 2 usage (bad "
+    "arguments or files), 3 no such run, 4 the run did not finish (launch), 130 interrupted. "
+    "See docs/CLI.md.";
+
+// The "\nExample:\n  ..." footer of a subcommand's --help.
+std::string example(std::initializer_list<const char*> lines) {
+  std::string text = "\nExample";
+  text += lines.size() > 1 ? "s:\n" : ":\n";
+  for (const char* line : lines) text += std::string("  ") + line + "\n";
+  return text;
+}
+
+// What was wrong with a command line CLI11 refused, for a person: an unknown subcommand or
+// option named, with the one it most likely misspells.
+std::string usage_error(const CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    commands.push_back(sub->get_name());
+  }
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' &&
+      std::find(commands.begin(), commands.end(), first) == commands.end()) {
+    std::string text = "unknown command '" + first + "'";
+    if (auto near = closest_name(first, commands)) return text + "; did you mean " + *near + "?";
+    text += "; the commands are:";
+    for (const std::string& c : commands) text += " " + c;
+    return text;
+  }
+  if (first.empty() || first[0] == '-') return std::string(e.what()) + " (see traincoord --help)";
+  const CLI::App* sub = app.get_subcommand(first);
+  std::vector<std::string> options;
+  for (const CLI::Option* o : sub->get_options()) {
+    for (const std::string& name : o->get_lnames()) options.push_back("--" + name);
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!arg.starts_with("--")) continue;
+    const std::string name(arg.substr(0, arg.find('=')));
+    if (std::find(options.begin(), options.end(), name) != options.end()) continue;
+    std::string text = first + ": unknown option " + name;
+    if (auto near = closest_name(name, options)) text += "; did you mean " + *near + "?";
+    return text + " (see traincoord " + first + " --help)";
+  }
+  return first + ": " + e.what() + " (see traincoord " + first + " --help)";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace traincoord::cli;
   CLI::App app{"traincoord: a training coordinator for distributed machine learning"};
   app.require_subcommand(1);
+  app.footer(kExitCodes);
   app.set_version_flag("--version", std::string("traincoord 0.1.0"));
 
   SimulateArgs sim_args;
@@ -29,6 +87,9 @@ int main(int argc, char** argv) {
                                                      traincoord::kCompletionOrderNames.end())));
   sim->add_option("--seed", sim_args.seed, "the seed of --order random");
   sim->add_flag("--json", sim_args.json, "print a machine-readable trace (docs/SIMULATE.md)");
+  sim->footer(example({"traincoord simulate --config examples/runs/example.toml --workers 4",
+                       "traincoord simulate --config run.toml --workers 8 --order random --seed 1 "
+                       "--json"}));
 
   ServeArgs serve_args;
   CLI::App* srv = app.add_subcommand("serve", "Serve runs to workers over HTTP (docs/API.md)");
@@ -92,6 +153,9 @@ int main(int argc, char** argv) {
                   "until there is room, and a start is refused")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30))
       ->capture_default_str();
+  srv->footer(example({"traincoord serve --config examples/runs/example.toml",
+                       "traincoord serve --runs runs/ --listen 0.0.0.0:8470 --tls-cert cert.pem "
+                       "--tls-key key.pem"}));
 
   StatusArgs status_args;
   CLI::App* st = app.add_subcommand("status", "Show a run: epoch progress, losses, workers");
@@ -101,11 +165,26 @@ int main(int argc, char** argv) {
   st->add_option("--interval", status_args.interval_s, "seconds between redraws")
       ->check(CLI::Range(0.1, 3600.0));
   st->add_flag("--json", status_args.json, "print the run's JSON status");
+  st->footer(example({"traincoord status example --url http://127.0.0.1:8470 --watch"}));
 
   StatusArgs runs_args;
   CLI::App* rs = app.add_subcommand("runs", "List the runs of a coordinator");
   rs->add_option("--url", runs_args.url, "the coordinator")->capture_default_str();
   rs->add_flag("--json", runs_args.json, "print JSON");
+  rs->footer(example({"traincoord runs --url http://127.0.0.1:8470"}));
+
+  HistoryArgs history_args;
+  CLI::App* hs = app.add_subcommand(
+      "history", "Print a run's history: epoch losses and metrics, then its recent completions");
+  hs->add_option("run", history_args.run, "the run")->required();
+  hs->add_option("--url", history_args.url, "the coordinator")->capture_default_str();
+  hs->add_option("--format", history_args.format,
+                 "csv (a row per epoch and per job; a column per metric), jsonl (a JSON object "
+                 "a line) or json")
+      ->check(CLI::IsMember({"csv", "jsonl", "json"}))
+      ->capture_default_str();
+  hs->footer(example({"traincoord history example --url http://127.0.0.1:8470 > example.csv",
+                      "traincoord history example --format jsonl | grep '\"kind\":\"epoch\"'"}));
 
   LaunchArgs launch_args;
   CLI::App* lch = app.add_subcommand(
@@ -125,19 +204,30 @@ int main(int argc, char** argv) {
                 "require tokens; workers get theirs through $TRAINCOORD_TOKEN_FILE");
   lch->add_option("command", launch_args.command, "the worker command, after --");
   lch->allow_extras(false);
+  lch->footer(
+      example({"traincoord launch --workers 4 --config examples/digits/digits.toml -- "
+               "/usr/bin/python3 examples/digits/train.py"}));
 
   InspectArgs inspect_args;
   CLI::App* ins = app.add_subcommand("inspect", "Show the runs in a data dir, without a server");
   ins->add_option("--data-dir", inspect_args.data_dir, "the data dir")->required();
   ins->add_option("run", inspect_args.run, "one run (default: all)");
   ins->add_flag("--json", inspect_args.json, "print each run's JSON status");
+  ins->footer(example({"traincoord inspect --data-dir example.traincoord"}));
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::cerr << "traincoord: " << usage_error(app, argc, argv, e) << "\n";
+    return exit_code::kUsage;
+  }
+  if (hs->parsed()) return history(history_args);
   if (ins->parsed()) return inspect(inspect_args);
   if (lch->parsed()) return launch(launch_args);
   if (sim->parsed()) return simulate(sim_args);
   if (srv->parsed()) return serve(serve_args);
   if (st->parsed()) return status(status_args);
   if (rs->parsed()) return runs(runs_args);
-  return 0;
+  return exit_code::kOk;
 }

@@ -14,8 +14,8 @@
 #include "core/engine.h"
 #include "core/run_codec.h"
 #include "server/auth.h"
-#include "server/http_server.h"
 #include "server/coordinator.h"
+#include "server/http_server.h"
 #include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
@@ -43,7 +43,7 @@ bool split_listen(const std::string& listen, std::string* host, uint16_t* port) 
 
 int fail(const std::string& message) {
   std::cerr << "traincoord: " << message << "\n";
-  return 2;
+  return exit_code::kUsage;
 }
 
 struct ConfigFile {
@@ -239,7 +239,7 @@ int serve(const ServeArgs& args) {
   auto port = server.start();
   if (!port) {
     std::cerr << "traincoord: " << port.error().message << "\n";
-    return 1;
+    return exit_code::kFailed;
   }
   const std::string host =
       options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;

@@ -12,7 +12,7 @@ namespace {
 
 int fail(const Error& e) {
   std::cerr << "traincoord: " << e.message << "\n";
-  return 2;
+  return exit_code::kUsage;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -39,7 +40,18 @@ std::string duration(double seconds) {
   return buf;
 }
 
-void render_run(const rapidjson::Document& r, std::ostream& out) {
+// A time `ago_ms` before `wall_now_ms` as a local date, "2024-12-04 15:33:12".
+std::string local_date(int64_t wall_now_ms, double ago_ms) {
+  const time_t t = static_cast<time_t>((static_cast<double>(wall_now_ms) - ago_ms) / 1000.0);
+  tm local{};
+  localtime_r(&t, &local);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &local);
+  return buf;
+}
+
+void render_run(const rapidjson::Document& r, std::ostream& out,
+                std::optional<int64_t> wall_now_ms) {
   const auto& plan = r["plan"];
   const auto& progress = r["progress"];
   out << "run " << text(r["run"]) << ": " << text(r["state"]);
@@ -91,11 +103,17 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
   out << "workers: " << active << " active of " << r["workers"].Size() << "\n";
   out << "  name                      jobs  leases  last seen\n";
   for (const auto& w : r["workers"].GetArray()) {
-    char line[160];
-    std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %.1f s ago%s\n", text(w["name"]).c_str(),
+    const double ago_ms = w["last_seen_ago_ms"].GetDouble();
+    char seen[48];
+    if (wall_now_ms) {
+      std::snprintf(seen, sizeof seen, "%s", local_date(*wall_now_ms, ago_ms).c_str());
+    } else {
+      std::snprintf(seen, sizeof seen, "%.1f s ago", ago_ms / 1000.0);
+    }
+    char line[200];
+    std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %s%s\n", text(w["name"]).c_str(),
                   static_cast<unsigned long long>(w["jobs_done"].GetUint64()), w["leases"].Size(),
-                  w["last_seen_ago_ms"].GetDouble() / 1000.0,
-                  w["active"].GetBool() ? "" : " (left)");
+                  seen, w["active"].GetBool() ? "" : " (left)");
     out << line;
   }
   const auto& events = r["events"].GetArray();
@@ -103,31 +121,32 @@ void render_run(const rapidjson::Document& r, std::ostream& out) {
     out << "\nrecent events:\n";
     const rapidjson::SizeType from = events.Size() > 5 ? events.Size() - 5 : 0;
     for (rapidjson::SizeType i = from; i < events.Size(); ++i) {
-      out << "  " << text(events[i]["kind"]) << ": " << text(events[i]["text"]) << "\n";
+      out << "  ";
+      if (wall_now_ms) out << local_date(*wall_now_ms, events[i]["ago_ms"].GetDouble()) << "  ";
+      out << text(events[i]["kind"]) << ": " << text(events[i]["text"]) << "\n";
     }
   }
 }
 
 }  // namespace
 
-void print_run_status(const std::string& status_json, std::ostream& out) {
+void print_run_status(const std::string& status_json, std::ostream& out,
+                      std::optional<int64_t> wall_now_ms) {
   rapidjson::Document d;
   d.Parse(status_json.c_str());
-  render_run(d, out);
+  render_run(d, out, wall_now_ms);
 }
 
-namespace {
+namespace {}  // namespace
 
-int report(const client::ClientError& e, const std::string& url) {
+int report_client_error(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";
-  return e.code == client::codes::kRunNotFound ? 3 : 1;  // 3: no such run
+  return e.code == client::codes::kRunNotFound ? exit_code::kRunNotFound : exit_code::kFailed;
 }
-
-}  // namespace
 
 int runs(const StatusArgs& args) {
   auto body = client::get(args.url, "/v1/runs");
-  if (!body) return report(body.error(), args.url);
+  if (!body) return report_client_error(body.error(), args.url);
   if (args.json) {
     std::cout << *body << "\n";
     return 0;
@@ -153,7 +172,7 @@ int status(const StatusArgs& args) {
   std::string run = args.run;
   if (run.empty()) {
     auto list = client::get(args.url, "/v1/runs");
-    if (!list) return report(list.error(), args.url);
+    if (!list) return report_client_error(list.error(), args.url);
     rapidjson::Document d;
     d.Parse(list->c_str());
     if (d["runs"].Size() != 1) {
@@ -163,13 +182,13 @@ int status(const StatusArgs& args) {
       }
       std::cerr << "traincoord: " << args.url << " serves " << d["runs"].Size()
                 << " runs; name one (traincoord runs lists them)\n";
-      return 2;
+      return exit_code::kUsage;
     }
     run = d["runs"][0]["run"].GetString();
   }
   while (true) {
     auto body = client::get(args.url, "/v1/runs/" + run);
-    if (!body) return report(body.error(), args.url);
+    if (!body) return report_client_error(body.error(), args.url);
     if (args.json) {
       std::cout << *body << "\n";
       return 0;

@@ -1,7 +1,10 @@
 #include "server/api.h"
 
 #include <algorithm>
+#include <cassert>
+#include <charconv>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -851,8 +854,7 @@ std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out)
   if (!a) return error_reply(a.error());
   // A retry that found nothing changed nothing, unless something happened on the way (a lease
   // expired, an epoch opened) or its request id is new to the worker.
-  const bool idle =
-      a->status != AcquireStatus::kJob && (parked.request == 0 || same_request);
+  const bool idle = a->status != AcquireStatus::kJob && (parked.request == 0 || same_request);
   if (!idle || (*run)->event_seq() != events) effect_ = Effect::kChanged;
   const bool epoch_opened = (*run)->epochs().size() != parked.epochs_opened;
   if (a->status == AcquireStatus::kWait && !timed_out && !epoch_opened) return std::nullopt;
@@ -917,8 +919,7 @@ constexpr Endpoint kEndpoints[] = {
     {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete},
     {"fail", "POST", "/v1/runs/{run}/fail", Access::kRun, &Api::Request::fail},
     {"release", "POST", "/v1/runs/{run}/release", Access::kRun, &Api::Request::release},
-    {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun,
-     &Api::Request::next_index},
+    {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };
 
 // The dashboard's files: a GET of "/" or of any one-segment path no row names.
@@ -1034,25 +1035,161 @@ Api::Request::Reply Api::Request::status(Request& r) {
   return ok(j);
 }
 
+namespace {
+
+// The value of `name` in the query string of `target` ("/x?format=csv&b=1"), undecoded; nullopt
+// when the query does not name it.
+std::optional<std::string_view> query_param(std::string_view target, std::string_view name) {
+  const size_t q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  std::string_view query = target.substr(q + 1);
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == name) {
+      return eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+    }
+    if (amp == std::string_view::npos) break;
+    query = query.substr(amp + 1);
+  }
+  return std::nullopt;
+}
+
+// The fields of one epoch of the history (JSON and JSON lines).
+void write_history_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
+  j.field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
+  j.field("closed", e.closed()).key("loss");
+  if (e.closed()) {
+    j.value(e.loss);
+  } else {
+    j.null();
+  }
+  j.key("metrics").begin_object();
+  for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
+  j.end_object().field("done", e.done).field("jobs", e.plan.size());
+  j.key("closed_ago_ms");
+  if (e.closed_at) {
+    j.value(now - *e.closed_at);
+  } else {
+    j.null();
+  }
+}
+
+// The fields of one recent completion of the history (JSON and JSON lines).
+void write_history_job(JsonWriter& j, const RecentCompletion& c, TimeMs now) {
+  j.field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
+  j.field("loss", c.loss).field("ago_ms", now - c.time);
+}
+
+// One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
+void csv_field(std::string& out, std::string_view v) {
+  if (v.find_first_of(",\"\r\n") == std::string_view::npos) {
+    out += v;
+    return;
+  }
+  out += '"';
+  for (char c : v) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  out += '"';
+}
+
+// A number as the JSON replies write it: the shortest text that reads back the same; empty
+// (JSON's null) when not finite.
+std::string csv_number(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  assert(ec == std::errc());
+  return std::string(buf, end);
+}
+
+// The history as CSV: a header, then a row per epoch, then a row per recent completion; the
+// `kind` column says which. One `metric.NAME` column per metric any epoch holds.
+std::string history_csv(const Run& run, TimeMs now) {
+  std::vector<std::string> names;
+  for (const Epoch& e : run.epochs()) {
+    for (const Epoch::MetricSum& ms : e.metrics) {
+      if (std::find(names.begin(), names.end(), ms.name) == names.end()) names.push_back(ms.name);
+    }
+  }
+  std::string out = "kind,set,epoch,job,closed,loss,done,jobs,ago_ms";
+  for (const std::string& n : names) {
+    out += ',';
+    csv_field(out, "metric." + n);
+  }
+  out += "\r\n";
+  for (const Epoch& e : run.epochs()) {
+    out += "epoch,";
+    out += set_name(e.plan.set);
+    out += ',' + std::to_string(e.plan.epoch) + ",," + (e.closed() ? "true" : "false") + ',';
+    out += e.closed() ? csv_number(e.loss) : "";
+    out += ',' + std::to_string(e.done) + ',' + std::to_string(e.plan.size()) + ',';
+    if (e.closed_at) out += std::to_string(now - *e.closed_at);
+    for (const std::string& n : names) {
+      out += ',';
+      const bool has = std::any_of(e.metrics.begin(), e.metrics.end(),
+                                   [&](const Epoch::MetricSum& ms) { return ms.name == n; });
+      if (has) out += csv_number(e.metric(n, true));
+    }
+    out += "\r\n";
+  }
+  for (const RecentCompletion& c : run.recent_completions()) {
+    out += "job,";
+    out += set_name(c.set);
+    out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," + csv_number(c.loss) +
+           ",,," + std::to_string(now - c.time);
+    out.append(names.size(), ',');
+    out += "\r\n";
+  }
+  return out;
+}
+
+}  // namespace
+
 Api::Request::Reply Api::Request::history(Request& r) {
+  const std::string_view format = query_param(r.http.target, "format").value_or("json");
+  if (format == "csv") {
+    return HttpReply{200, history_csv(*r.run, r.now), {}, "text/csv; charset=utf-8"};
+  }
+  if (format == "jsonl") {
+    std::string out;
+    for (const Epoch& e : r.run->epochs()) {
+      JsonWriter j;
+      j.begin_object().field("kind", "epoch");
+      write_history_epoch(j, e, r.now);
+      out += j.end_object().take();
+      out += '\n';
+    }
+    for (const RecentCompletion& c : r.run->recent_completions()) {
+      JsonWriter j;
+      j.begin_object().field("kind", "job");
+      write_history_job(j, c, r.now);
+      out += j.end_object().take();
+      out += '\n';
+    }
+    return HttpReply{200, std::move(out), {}, "application/x-ndjson"};
+  }
+  if (format != "json") {
+    return error_reply(
+        400, "invalid_argument",
+        "format must be json, csv or jsonl, not \"" + std::string(format.substr(0, 32)) + "\"",
+        "format");
+  }
   JsonWriter j;
   j.begin_object().field("run", r.run->config().name).key("epochs").begin_array();
   for (const Epoch& e : r.run->epochs()) {
-    j.begin_object().field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
-    j.field("closed", e.closed()).key("loss");
-    if (e.closed()) {
-      j.value(e.loss);
-    } else {
-      j.null();
-    }
-    j.key("metrics").begin_object();
-    for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
-    j.end_object().field("done", e.done).field("jobs", e.plan.size()).end_object();
+    j.begin_object();
+    write_history_epoch(j, e, r.now);
+    j.end_object();
   }
   j.end_array().key("jobs").begin_array();
   for (const RecentCompletion& c : r.run->recent_completions()) {
-    j.begin_object().field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
-    j.field("loss", c.loss).field("ago_ms", r.now - c.time).end_object();
+    j.begin_object();
+    write_history_job(j, c, r.now);
+    j.end_object();
   }
   j.end_array().end_object();
   return ok(j);
@@ -1060,7 +1197,7 @@ Api::Request::Reply Api::Request::history(Request& r) {
 
 Api::Request::Reply Api::Request::cancel(Request& r) {
   TC_TRY_ASSIGN(reason, r.body->string("reason", std::string("cancelled through the API"), 256,
-                                    TextKind::kMessage));
+                                       TextKind::kMessage));
   TC_TRY_REPLY(r.body->no_unknown_fields());
   r.run->cancel(reason);
   JsonWriter j;
@@ -1095,10 +1232,7 @@ Api::Request::Reply Api::Request::next_index(Request& r) {
   }
   TC_TRY_ASSIGN(index, r.run->next_index(set == "train" ? SetKind::kTrain : SetKind::kDev));
   JsonWriter j;
-  j.begin_object()
-      .field("set", set)
-      .field("epoch", index.epoch)
-      .field("position", index.position);
+  j.begin_object().field("set", set).field("epoch", index.epoch).field("position", index.position);
   j.key("batch");
   if (index.batch) {
     j.value(*index.batch);
@@ -1150,8 +1284,8 @@ Api::Request::Reply Api::Request::release(Request& r) {
   TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
   const rapidjson::Value* listed = r.body->get("leases");
   if (listed == nullptr || !listed->IsArray() || listed->Size() > 1024) {
-    return error_reply(400, "invalid_argument",
-                       "leases must be an array of at most 1024 lease ids", "leases");
+    return error_reply(400, "invalid_argument", "leases must be an array of at most 1024 lease ids",
+                       "leases");
   }
   std::vector<LeaseId> leases;
   for (const auto& l : listed->GetArray()) {
@@ -1255,7 +1389,8 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
   const WorkerInfo& info = r.run->workers()[worker];
   const bool same_request = acquiring.request == 0 || (acquiring.request == info.last_request &&
                                                        info.last_request_lease == 0);
-  TC_TRY_ASSIGN(a, r.run->acquire(worker, acquiring.request,
+  TC_TRY_ASSIGN(a,
+                r.run->acquire(worker, acquiring.request,
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
   // A plain acquire that found nothing changed nothing but its worker's "last seen" (which
   // the journal does not keep), unless an event says otherwise (see handle()).

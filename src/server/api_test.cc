@@ -391,6 +391,55 @@ TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
   EXPECT_EQ(s["progress"]["jobs_planned"].GetUint64(), 6u);
 }
 
+// The history as CSV (a row per epoch, then per recent completion, a column per metric) and
+// as JSON lines, with the same figures as the JSON.
+TEST_F(ApiTest, HistoryComesAsCsvAndJsonLines) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  for (int lease = 1; lease <= 4; ++lease) {
+    json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+    json("POST", "/v1/runs/r/complete",
+         R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": )" +
+             std::to_string(lease) +
+             R"(, "samples": 1, "metrics": {"accuracy": 0.5, "top,1": 0.25}})");
+    clock_.advance(1000);
+  }
+  const HttpReply csv = reply("GET", "/v1/runs/r/history?format=csv");
+  EXPECT_EQ(csv.status, 200);
+  EXPECT_EQ(csv.content_type, "text/csv; charset=utf-8");
+  EXPECT_EQ(csv.body,
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,metric.accuracy,\"metric.top,1\"\r\n"
+            "epoch,train,0,,true,2.5,4,4,1000,0.5,0.25\r\n"
+            "epoch,dev,0,,false,,0,2,,,\r\n"
+            "job,train,0,0,,1,,,4000,,\r\n"
+            "job,train,0,1,,2,,,3000,,\r\n"
+            "job,train,0,2,,3,,,2000,,\r\n"
+            "job,train,0,3,,4,,,1000,,\r\n");
+
+  const HttpReply lines = reply("GET", "/v1/runs/r/history?x=1&format=jsonl");
+  EXPECT_EQ(lines.content_type, "application/x-ndjson");
+  std::vector<rapidjson::Document> rows;
+  size_t start = 0;
+  for (size_t end; (end = lines.body.find('\n', start)) != std::string::npos; start = end + 1) {
+    rows.emplace_back().Parse(lines.body.substr(start, end - start).c_str());
+    ASSERT_FALSE(rows.back().HasParseError()) << lines.body;
+  }
+  EXPECT_EQ(start, lines.body.size()) << "every line ends with a newline";
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_STREQ(rows[0]["kind"].GetString(), "epoch");
+  EXPECT_DOUBLE_EQ(rows[0]["loss"].GetDouble(), 2.5);
+  EXPECT_DOUBLE_EQ(rows[0]["metrics"]["top,1"].GetDouble(), 0.25);
+  EXPECT_TRUE(rows[1]["loss"].IsNull());
+  EXPECT_STREQ(rows[5]["kind"].GetString(), "job");
+  EXPECT_EQ(rows[5]["job"].GetUint64(), 3u);
+  EXPECT_DOUBLE_EQ(rows[5]["loss"].GetDouble(), 4.0);
+
+  auto plain = json("GET", "/v1/runs/r/history?format=json");
+  EXPECT_DOUBLE_EQ(plain["epochs"][0]["loss"].GetDouble(), 2.5);
+  EXPECT_EQ(plain["epochs"][0]["closed_ago_ms"].GetInt64(), 1000);
+  auto bad = json("GET", "/v1/runs/r/history?format=xml", "", 400);
+  EXPECT_STREQ(bad["error"]["field"].GetString(), "format");
+}
+
 // Every string a client sends that is stored and shown back is checked where it enters.
 TEST_F(ApiTest, NamesAndReasonsMustBePrintableUtf8AndAreRefusedNamingTheField) {
   auto refused = [&](const std::string& target, const std::string& body, const char* field) {
@@ -528,8 +577,7 @@ TEST_F(ApiTest, EveryEndpointOfTheTableIsRoutedLabelledAndDocumented) {
     EXPECT_TRUE(seen.emplace(e.method, e.path).second) << "listed twice";
     const std::string target = concrete(e.path);
     EXPECT_EQ(Api::endpoint_of(e.method, target), e.name);
-    EXPECT_NE(docs.find("`" + std::string(e.method) + " " + std::string(e.path)),
-              std::string::npos)
+    EXPECT_NE(docs.find("`" + std::string(e.method) + " " + std::string(e.path)), std::string::npos)
         << "not in docs/API.md";
     if (!e.handler) continue;  // (served by the coordinator)
     // Routed to its handler: never "no endpoint" (a bad body is a 400, not a 404).

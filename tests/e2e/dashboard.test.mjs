@@ -1,6 +1,9 @@
 // The dashboard in a real browser (Debian's chromium, driven by playwright-core from npm)
 // against a real coordinator with running workers: the page shows the run, its progress
-// advances, and the loss curve gains points as epochs close. Saves a screenshot.
+// advances, the loss curve gains points as epochs close, each worker's rate matches what the
+// server counted over the same time, the epoch axis has whole ticks, the loss axis turns
+// logarithmic, each reported metric has its chart with the server's values, the best epoch is
+// marked, and 1,002 workers make a table of 20 and a summary row. Saves a screenshot.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -20,7 +23,7 @@ name = "dash"
 train_batches = 40
 dev_batches = 8
 [schedule]
-epochs = 6
+epochs = 8
 [early_stop]
 rule = "patience"
 patience = 3
@@ -61,11 +64,23 @@ test("the dashboard shows the run live: progress advances and the loss curve gro
     children.push(server.proc);
     for (const name of ["w1", "w2"]) {
       children.push(spawn(process.env.EXAMPLE_WORKER_BIN, ["--url", server.url, "--run", "dash",
-        "--name", name, "--job-ms", "60"], { stdio: "ignore" }));
+        "--name", name, "--job-ms", "100"], { stdio: "ignore" }));
     }
+    const api = async (path, body) => {
+      const r = await fetch(server.url + path, body === undefined ? {} :
+        { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } });
+      assert.ok(r.ok, `${path}: HTTP ${r.status}`);
+      return r.json();
+    };
+    const jobsDone = async () => (await api("/v1/runs/dash")).progress.jobs_done;
+    // The page opens on a run already under way: a rate "since the page was opened" would count
+    // these jobs too.
+    await until("the run to get going", async () => (await jobsDone()) >= 40);
+
     browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
       args: ["--no-sandbox", "--disable-gpu"] });
     const page = await browser.newPage({ viewport: { width: 1200, height: 900 } });
+    const opened = { t: Date.now(), done: await jobsDone() };
     await page.goto(server.url + "/");
     await page.waitForFunction(() => document.getElementById("title").textContent.includes("dash"));
     assert.match(await page.textContent("#title"), /run dash/);
@@ -74,11 +89,91 @@ test("the dashboard shows the run live: progress advances and the loss curve gro
     const first = await until("jobs to be done", async () => (await done()) > 0 && done());
     await until("progress to advance", async () => (await done()) > first);
 
+    // Per-worker rates over the recent window, against the server's count over the same time.
+    // (One read of the table: it is redrawn every second.)
+    const rates = async () => page.evaluate(() => Object.fromEntries(
+      [...document.querySelectorAll("tr.worker, tr.summary")].map((r) =>
+        [r.dataset.name || "summary", r.dataset.rate === "" ? null : Number(r.dataset.rate)])));
+    await new Promise((r) => setTimeout(r, 6000));
+    const seen = await until("both workers' rates", async () => {
+      const r = await rates();
+      return r.w1 > 0 && r.w2 > 0 && r;
+    });
+    const measured = ((await jobsDone()) - opened.done) / ((Date.now() - opened.t) / 1000);
+    const summary = seen.summary;
+    assert.ok(seen.w1 < 1000 / 100 * 1.1 && seen.w2 < 1000 / 100 * 1.1,
+      `a worker taking 100 ms a job does at most 10 jobs/s: ${JSON.stringify(seen)}`);
+    assert.ok(Math.abs(seen.w1 + seen.w2 - summary) < 1e-9, `the summary row sums the rates: ${summary}`);
+    assert.ok(Math.abs(summary - measured) / measured < 0.35,
+      `the workers' rates (${summary.toFixed(2)} jobs/s) match the server's count (${measured.toFixed(2)} jobs/s)`);
+
     const points = async () => Number(await page.getAttribute("#epoch-chart", "data-points") || 0);
     const before = await points();
     await until("the loss curve to gain a point", async () => (await points()) > before);
     assert.ok(await page.locator("#epoch-chart canvas").count() > 0, "a chart is drawn");
     assert.ok((await page.textContent("#workers")).includes("w1"));
+    // Three train and three dev epochs closed: whole epoch ticks only.
+    await until("three epochs of each set", async () => (await points()) >= 6, 60000);
+    const xticks = (await page.getAttribute("#epoch-chart", "data-xticks")).split(",").map(Number);
+    assert.ok(xticks.length >= 2 && xticks.every(Number.isInteger), `epoch ticks: ${xticks}`);
+
+    // The best epoch, as the server's early stopping has it, is marked.
+    const es = (await api("/v1/runs/dash")).early_stop;
+    assert.notEqual(es.best_epoch, null);
+    await until("the best epoch marked", async () =>
+      Number(await page.getAttribute("#epoch-chart", "data-best-epoch")) >= es.best_epoch);
+    const status = await api("/v1/runs/dash");
+    const marked = Number(await page.getAttribute("#epoch-chart", "data-best-epoch"));
+    assert.ok(marked === status.early_stop.best_epoch || marked === es.best_epoch, `marked ${marked}`);
+    assert.match(await page.textContent("#best-note"), new RegExp(`^best epoch ${marked}: `));
+
+    // A chart per metric: the example worker reports accuracy = 1 - loss / 2 with every job.
+    const charted = await page.evaluate(() => {
+      const c = state.metricCharts.get("accuracy");
+      return c ? { epochs: c.data[0], train: c.data[1], dev: c.data[2] } : null;
+    });
+    const history = await api("/v1/runs/dash/history");  // (after: a closed epoch stays closed)
+    assert.ok(charted, "an accuracy chart");
+    assert.equal(await page.locator("#metric-charts section[data-metric=accuracy] canvas").count(), 1);
+    let compared = 0;
+    for (const set of ["train", "dev"]) {
+      charted[set].forEach((v, i) => {
+        if (v === null) return;
+        const e = history.epochs.find((x) => x.set === set && x.epoch === charted.epochs[i]);
+        assert.ok(e && e.closed, `${set} ${charted.epochs[i]} is closed`);
+        assert.ok(Math.abs(v - e.metrics.accuracy) < 1e-12, `${set} ${e.epoch}: ${v} vs ${e.metrics.accuracy}`);
+        assert.ok(Math.abs(v - (1 - e.loss / 2)) < 1e-9, `accuracy is 1 - loss / 2: ${v}, ${e.loss}`);
+        compared++;
+      });
+    }
+    assert.ok(compared >= 6, `compared ${compared} values`);
+
+    // The log-scale toggle: a logarithmic loss axis with ticks at 1, 2, 5 times powers of ten.
+    await page.check("#loss-log");
+    await until("a log axis", async () => (await page.getAttribute("#epoch-chart", "data-scale")) === "log");
+    assert.equal(await page.evaluate(() => state.epochChart.scales.y.distr), 3);
+    // (uPlot draws the new axis on the next frame.)
+    const yticks = await until("the log axis drawn", async () => {
+      const t = (await page.getAttribute("#epoch-chart", "data-yticks")).split(",").map(Number);
+      return t.every((v) => v > 0) && t;
+    });
+    assert.ok(yticks.length >= 2, `log ticks: ${yticks}`);
+    for (const v of yticks) {
+      const mantissa = v / 10 ** Math.floor(Math.log10(v) + 1e-9);
+      assert.ok([1, 2, 5].some((m) => Math.abs(mantissa - m) < 1e-6), `log tick ${v}`);
+    }
+
+    // 1,002 workers: the 20 busiest (the two that work come first) and a summary of all.
+    for (let i = 0; i < 1000; i += 50) {
+      await Promise.all(Array.from({ length: 50 }, (_, k) =>
+        api("/v1/runs/dash/workers", { name: `idle-${String(i + k).padStart(4, "0")}` })));
+    }
+    await until("the summary of 1,002 workers", async () =>
+      (await page.getAttribute("tr.summary", "data-workers")) === "1002");
+    assert.equal(await page.locator("#workers tr").count(), 1 + 20 + 1, "header, 20 workers, summary");
+    const names = await page.$$eval("tr.worker", (rows) => rows.map((r) => r.dataset.name));
+    assert.deepEqual(names.slice(0, 2).sort(), ["w1", "w2"], `the busiest first: ${names}`);
+    assert.match(await page.textContent("tr.summary"), /all 1002 \(\d+ active\); 982 more not shown/);
 
     const artifacts = process.env.ARTIFACT_DIR || dir;
     mkdirSync(artifacts, { recursive: true });
