@@ -37,7 +37,11 @@ target_link_libraries(traincoord_client_shared
 target_include_directories(traincoord_client_shared PUBLIC
   "$<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>" "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>")
 target_link_options(traincoord_client_shared PRIVATE
-  "LINKER:--version-script=${CMAKE_SOURCE_DIR}/packaging/client_library.map" "LINKER:--no-undefined")
+  "LINKER:--version-script=${CMAKE_SOURCE_DIR}/packaging/client_library.map")
+# Everything it needs is linked in (not so under sanitizers, whose runtime the program brings).
+if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  target_link_options(traincoord_client_shared PRIVATE "LINKER:--no-undefined")
+endif()
 set_target_properties(traincoord_client_shared PROPERTIES
   OUTPUT_NAME traincoord-client VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
   EXPORT_NAME client
