@@ -52,6 +52,18 @@ def start_rank(server, tmp_path, name, *args, env=None):
     return proc, log
 
 
+def started(rank, timeout=120):
+    """Waits until a rank has entered its first phase (or ended): a rank whose fault is to come
+    mid-epoch must not start so late that the others trained every epoch already."""
+    proc, log = rank
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any("phase" in r for r in read_log(log)):
+            return rank
+        time.sleep(0.05)
+    return rank
+
+
 def finish(procs, timeout=180):
     deadline = time.monotonic() + timeout
     outputs = []
@@ -135,8 +147,8 @@ def test_every_sample_of_every_epoch_is_trained_exactly_once(loader_server, tmp_
 
 def test_batches_left_in_the_loader_by_a_break_go_back_and_are_trained_once(
         loader_server, tmp_path):
-    quitter = start_rank(loader_server, tmp_path, "quitter", "--num-workers", "2", "--prefetch",
-                         "4", "--break-at", "train:0:3", "--step-ms", "20")
+    quitter = started(start_rank(loader_server, tmp_path, "quitter", "--num-workers", "2",
+                                 "--prefetch", "4", "--break-at", "train:0:3", "--step-ms", "20"))
     other = start_rank(loader_server, tmp_path, "other", "--num-workers", "2")
     outputs = finish([quitter, other])
     assert quitter[0].returncode == 0 and other[0].returncode == 0, outputs
@@ -145,8 +157,8 @@ def test_batches_left_in_the_loader_by_a_break_go_back_and_are_trained_once(
 
 
 def test_an_exception_mid_epoch_hands_the_loaders_batches_back(loader_server, tmp_path):
-    crashing = start_rank(loader_server, tmp_path, "crashing", "--num-workers", "2",
-                          "--prefetch", "4", "--raise-at", "train:1:2", "--step-ms", "20")
+    crashing = started(start_rank(loader_server, tmp_path, "crashing", "--num-workers", "2",
+                                  "--prefetch", "4", "--raise-at", "train:1:2", "--step-ms", "20"))
     other = start_rank(loader_server, tmp_path, "other", "--num-workers", "2")
     outputs = finish([crashing, other])
     assert crashing[0].returncode != 0 and "injected error" in outputs[0]
@@ -156,8 +168,8 @@ def test_an_exception_mid_epoch_hands_the_loaders_batches_back(loader_server, tm
 
 
 def test_a_rank_killed_with_its_loader_prefetched_loses_nothing(loader_server, tmp_path):
-    victim = start_rank(loader_server, tmp_path, "victim", "--num-workers", "2", "--prefetch",
-                        "8", "--die-at", "train:1:3", "--step-ms", "20")
+    victim = started(start_rank(loader_server, tmp_path, "victim", "--num-workers", "2",
+                                "--prefetch", "8", "--die-at", "train:1:3", "--step-ms", "20"))
     other = start_rank(loader_server, tmp_path, "other", "--num-workers", "2")
     outputs = finish([victim, other])
     assert victim[0].returncode == -9

@@ -35,11 +35,27 @@ class Ids(Dataset):
 
 
 def where(spec):
-    """'train:1:3' -> ("train", 1, 3): the set, epoch and batch count at which to act."""
+    """'train:1:3' -> ("train", 1, 3): act after the 3rd batch of the first train phase of epoch
+    1 or later in which this rank gets 3 batches (a rank that starts late, when the others
+    already trained epoch 1, still acts), once."""
     if not spec:
         return None
     s, e, k = spec.split(":")
     return s, int(e), int(k)
+
+
+class Trigger:
+    def __init__(self, spec):
+        self.point = where(spec)
+
+    def __call__(self, here):
+        if self.point is None:
+            return False
+        (s, e, k), (hs, he, hk) = self.point, here
+        if hs == s and he >= e and hk == k:
+            self.point = None  # once
+            return True
+        return False
 
 
 def main():
@@ -92,7 +108,7 @@ def main():
         options["persistent_workers"] = True
     kept = {s: DataLoader(data[s], batch_sampler=phases.sampler(s), **options)
             for s in ("train", "dev")} if a.persistent else {}
-    stop_at, raise_at, die_at = where(a.break_at), where(a.raise_at), where(a.die_at)
+    stop_at, raise_at, die_at = Trigger(a.break_at), Trigger(a.raise_at), Trigger(a.die_at)
 
     for phase in phases:
         log.write(json.dumps({"phase": [phase.set, phase.epoch], "revisit": phase.revisit}) + "\n")
@@ -114,11 +130,11 @@ def main():
             log.write(json.dumps({"set": phase.set, "epoch": phase.epoch, "ids": ids}) + "\n")
             log.flush()
             here = (phase.set, phase.epoch, k)
-            if here == die_at:
+            if die_at(here):
                 os.kill(os.getpid(), signal.SIGKILL)
-            if here == raise_at:
+            if raise_at(here):
                 raise RuntimeError("the training step failed (a test's injected error)")
-            if here == stop_at:
+            if stop_at(here):
                 break
         if join is not None:
             join.__exit__(None, None, None)
