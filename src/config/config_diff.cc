@@ -65,6 +65,7 @@ constexpr std::array kFields = {
     TC_FIELD("leases.max_attempts", max_attempts, kChangeable),
     TC_FIELD("leases.on_job_failure", on_job_failure, kChangeable),
     TC_FIELD("leases.history", lease_history, kFixed),
+    TC_FIELD("cuts.keep", keep_cuts, kChangeable),
     TC_FIELD("early_stop.rule", early_stop.kind, kChangeable),
     TC_FIELD("early_stop.window", early_stop.window.window, kChangeable),
     TC_FIELD("early_stop.mean_threshold", early_stop.window.mean_threshold, kChangeable),
@@ -81,9 +82,9 @@ constexpr std::array kFields = {
 };
 #undef TC_FIELD
 
-// RunConfig: 19 fields listed, plus `name` (never compared) and `early_stop` (listed by its
+// RunConfig: 20 fields listed, plus `name` (never compared) and `early_stop` (listed by its
 // parts: its `kind` as early_stop.rule, and every member of `window` and `patience`).
-static_assert(member_count<RunConfig>() == 21,
+static_assert(member_count<RunConfig>() == 22,
               "RunConfig gained or lost a field: list it in kFields (and update this count)");
 static_assert(member_count<EarlyStopConfig>() == 3,
               "EarlyStopConfig gained or lost a field: list it in kFields");
@@ -91,7 +92,7 @@ static_assert(member_count<WindowRuleConfig>() == 3,
               "WindowRuleConfig gained or lost a field: list it in kFields");
 static_assert(member_count<PatienceRuleConfig>() == 8,
               "PatienceRuleConfig gained or lost a field: list it in kFields");
-static_assert(kFields.size() == (21 - 2) + 1 + 3 + 8, "kFields must list every field once");
+static_assert(kFields.size() == (22 - 2) + 1 + 3 + 8, "kFields must list every field once");
 
 }  // namespace
 

@@ -198,6 +198,11 @@ Result<void> read_leases(TableReader& t, RunConfig* c) {
   return t.no_unknown_keys();
 }
 
+Result<void> read_cuts(TableReader& t, RunConfig* c) {
+  TC_TRY(t.integer_as("keep", 1, 1000, &c->keep_cuts));
+  return t.no_unknown_keys();
+}
+
 Result<void> read_early_stop(TableReader& t, RunConfig* c) {
   EarlyStopConfig& es = c->early_stop;
   TC_TRY(t.choice("rule", kEarlyStopKindNames, &es.kind));
@@ -230,7 +235,8 @@ Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_vi
   };
   for (const Section& s :
        {Section{"data", read_data}, Section{"schedule", read_schedule},
-        Section{"leases", read_leases}, Section{"early_stop", read_early_stop}}) {
+        Section{"leases", read_leases}, Section{"cuts", read_cuts},
+        Section{"early_stop", read_early_stop}}) {
     const bool present = top.has(s.name);
     const toml::table* table = present ? root[s.name].as_table() : nullptr;
     if (present && !table) {

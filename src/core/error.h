@@ -29,6 +29,15 @@ inline constexpr std::string_view kWorkerNotRegistered = "worker_not_registered"
 inline constexpr std::string_view kLeaseUnknown = "lease_unknown";                 // kNotFound
 inline constexpr std::string_view kLeaseNotYours = "lease_not_yours";              // kConflict
 inline constexpr std::string_view kEpochNotStarted = "epoch_not_started";  // kFailedPrecondition
+// Checkpoint cuts and groups (docs/SEMANTICS.md, "Checkpoint cuts").
+inline constexpr std::string_view kStaleGeneration = "stale_generation";  // kFailedPrecondition
+inline constexpr std::string_view kRestoreRequired = "restore_required";  // kFailedPrecondition
+inline constexpr std::string_view kLeaseNotHeld = "lease_not_held";       // kConflict
+inline constexpr std::string_view kCutMismatch = "cut_mismatch";          // kConflict
+inline constexpr std::string_view kCutNotFound = "cut_not_found";         // kNotFound
+inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // kFailedPrecondition
+inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // kConflict
+inline constexpr std::string_view kRunCancelled = "run_cancelled";        // kFailedPrecondition
 }  // namespace error_reason
 
 struct Error {

@@ -59,6 +59,12 @@ std::string_view event_kind_name(EventKind kind) {
       return "early_stopped";
     case EventKind::kRunFinished:
       return "run_finished";
+    case EventKind::kCutTaken:
+      return "cut_taken";
+    case EventKind::kRestored:
+      return "restored";
+    case EventKind::kGroupStarted:
+      return "group_started";
   }
   return "unknown";
 }
@@ -376,6 +382,11 @@ Job Run::job_of(LeaseId id) const {
   out.index = l.position;
   out.jobs_in_epoch = e.plan.end_job;
   out.positions = job_batches(e.set_batches, plan_.batches_per_job, l.position);
+  if (auto trained = e.trained.find(l.position); trained != e.trained.end()) {
+    TC_ASSERT(trained->second < out.positions.count);
+    out.positions.first += trained->second;
+    out.positions.count -= trained->second;
+  }
   return out;
 }
 
@@ -495,6 +506,10 @@ Result<void> Run::check_completion(WorkerId worker, LeaseId lease) const {
 
 void Run::count_completion(Epoch& e, const Completion& c) {
   e.done += 1;
+  fold_report(e, c);
+}
+
+void Run::fold_report(Epoch& e, const Completion& c) {
   if (std::isfinite(c.loss)) {
     if (c.samples > 0)
       e.weighted_loss = fold(e.weighted_loss, c.loss, add_samples(&e.samples, c.samples));
@@ -577,6 +592,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
     resolve(leases_.find(other), CompletionOutcome::kSuperseded);
   }
   e.active.erase(job);
+  e.trained.erase(position);
   count_completion(e, completion);
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;
@@ -622,6 +638,7 @@ void Run::count_failure(uint32_t slot, uint64_t position, const std::string& why
   // Given up: its expired leases can no longer complete it.
   for (LeaseId other : job.expired) resolve(leases_.find(other), CompletionOutcome::kJobFailed);
   e.active.erase(position);
+  e.trained.erase(position);
   e.failed += 1;
   e.failed_jobs.push_back(position);
   counters_.jobs_failed += 1;
@@ -727,5 +744,336 @@ Result<IndexReply> Run::next_index(SetKind set) {
 }
 
 void Run::cancel(std::string reason) { finish(RunState::kCancelled, std::move(reason)); }
+
+// ---- groups and checkpoint cuts ----
+
+bool Run::is_past_group(std::string_view group) const {
+  return std::find(past_groups_.begin(), past_groups_.end(), group) != past_groups_.end();
+}
+
+const Cut* Run::find_cut(uint64_t id) const {
+  for (const Cut& c : cuts_) {
+    if (c.id == id) return &c;
+  }
+  return nullptr;
+}
+
+const Cut* Run::latest_cut() const {
+  for (auto it = cuts_.rbegin(); it != cuts_.rend(); ++it) {
+    if (it->complete()) return &*it;
+  }
+  return nullptr;
+}
+
+uint64_t Run::jobs_done() const {
+  uint64_t done = 0;
+  for (const Epoch& e : epochs_) done += e.done;
+  return done;
+}
+
+namespace {
+
+tl::unexpected<Error> stale_group(const std::string& run, std::string_view group,
+                                  const std::string& current, uint64_t generation) {
+  return failed_precondition(
+      "group " + std::string(group) + " of run " + run +
+          " was replaced: the run is now at generation " + std::to_string(generation) +
+          (current.empty() ? std::string() : " (group " + current + ")") +
+          "; nothing this process sends is counted any more: stop it",
+      error_reason::kStaleGeneration);
+}
+
+}  // namespace
+
+Result<void> Run::admit(std::string_view group) const {
+  if (group.empty() || group == group_) return {};
+  if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
+  if (const Cut* latest = latest_cut()) {
+    return failed_precondition(
+        "group " + std::string(group) + " is new to run " + config_.name +
+            ", which has checkpoint cuts (the latest: cut " + std::to_string(latest->id) +
+            "): restore the cut your checkpoint holds (Phases.load_state_dict, or POST "
+            "/v1/runs/" + config_.name + "/restore {\"group\": ..., \"cut\": N}) or go on from "
+            "the ledger as it is ({\"fresh\": true}) before asking for jobs",
+        error_reason::kRestoreRequired);
+  }
+  return not_found("group " + std::string(group) + " has not registered with run " +
+                       config_.name + ": register its workers (with their group) first",
+                   error_reason::kWorkerNotRegistered);
+}
+
+Result<GroupState> Run::join_group(std::string_view group) {
+  if (group.empty() || group == group_) return GroupState::kCurrent;
+  if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
+  if (latest_cut() != nullptr) return GroupState::kRestoreRequired;
+  // The group before (if any) restarted: its leases are void. Ungrouped workers keep theirs.
+  take_over(group, "", group_.empty() ? 0 : void_leases());
+  return GroupState::kCurrent;
+}
+
+// Every lease out is void: its job goes back to the open queue (not a failed attempt), and a
+// late completion through it is answered given_up. In lease order, so that a replay voids the
+// same way.
+uint64_t Run::void_leases() {
+  std::vector<LeaseId> ids;
+  ids.reserve(leases_.size());
+  for (const auto& entry : leases_) ids.push_back(entry.first);
+  std::sort(ids.begin(), ids.end());
+  uint64_t voided = 0;
+  for (auto id = ids.rbegin(); id != ids.rend(); ++id) {  // the oldest ends at the queue's front
+    auto it = leases_.find(*id);
+    Epoch& e = epochs_[it->second.epoch_slot];
+    Epoch::ActiveJob& job = e.active.at(it->second.position);
+    if (it->second.live) {
+      e.requeue.push_front(it->second.position);
+      job.live = 0;
+      voided += 1;
+    } else {
+      job.expired.erase(std::find(job.expired.begin(), job.expired.end(), *id));
+    }
+    resolve(it, CompletionOutcome::kGivenUp);
+  }
+  for (WorkerInfo& w : workers_) w.last_request_lease = 0;
+  counters_.leases_voided += voided;
+  return voided;
+}
+
+// `group` becomes the current group; the group before it is fenced off.
+void Run::take_over(std::string_view group, std::string target, uint64_t voided) {
+  if (!group_.empty()) {
+    past_groups_.push_back(group_);
+    if (past_groups_.size() > kPastGroupsKept) past_groups_.pop_front();
+  }
+  const std::string before = group_;
+  group_ = std::string(group);
+  generation_ += 1;
+  restored_ = std::move(target);
+  // The shares of cuts the group before never completed can complete no more.
+  cuts_.erase(std::remove_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }),
+              cuts_.end());
+  emit(EventKind::kGroupStarted,
+       "group " + group_ + " took over at generation " + std::to_string(generation_) +
+           (before.empty() ? std::string()
+                           : " from group " + before + "; " + std::to_string(voided) +
+                                 " leases voided"));
+}
+
+RunProgress Run::save_progress() const {
+  RunProgress p;
+  p.state = state_;
+  p.state_reason = state_reason_;
+  p.early_stop = early_stop_.state();
+  p.epochs = epochs_;
+  p.running = running_;
+  p.dev_to_judge = dev_to_judge_;
+  p.next_epoch = next_epoch_;
+  p.next_is_dev = next_is_dev_;
+  p.latest_of_set[0] = latest_of_set_[0];
+  p.latest_of_set[1] = latest_of_set_[1];
+  // No lease survives into the saved state: every job in flight is open again (in position
+  // order, ahead of the jobs already handed back), as after a restore.
+  for (Epoch& e : p.epochs) {
+    if (e.closed()) continue;
+    std::vector<uint64_t> in_flight;
+    for (auto& [position, job] : e.active) {
+      if (job.live != 0) in_flight.push_back(position);
+      job.live = 0;
+      job.expired.clear();
+    }
+    std::sort(in_flight.begin(), in_flight.end());
+    e.requeue.insert(e.requeue.begin(), in_flight.begin(), in_flight.end());
+    e.leased = 0;
+  }
+  return p;
+}
+
+void Run::complete_cut(Cut& cut) {
+  cut.saved = save_progress();
+  for (const Cut::Share& share : cut.shares) {
+    Epoch& e = cut.saved.epochs[share.epoch_slot];
+    // A job completed meanwhile through another lease (the share's lease had expired) is done
+    // whole: nothing of it stays open.
+    if (e.closed() || e.active.count(share.position) == 0) continue;
+    e.trained[share.position] += share.batches;
+    fold_report(e, share.completion);
+    cut.partial_jobs += 1;
+    cut.partial_batches += share.batches;
+  }
+  cut.shares.clear();
+  cut.shares.shrink_to_fit();
+  for (const Epoch& e : cut.saved.epochs) cut.jobs_done += e.done;
+  cut.completed_at = clock_.now();
+  counters_.cuts += 1;
+  emit(EventKind::kCutTaken, "cut " + std::to_string(cut.id) + " of group " + cut.group + " (" +
+                                 std::to_string(cut.world_size) + " ranks): " +
+                                 std::to_string(cut.jobs_done) + " jobs done, " +
+                                 std::to_string(cut.partial_jobs) + " partly trained");
+  // Keep the latest keep_cuts complete cuts.
+  size_t complete = 0;
+  for (const Cut& c : cuts_) complete += c.complete();
+  while (complete > config_.keep_cuts) {
+    auto oldest = std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return c.complete(); });
+    cuts_.erase(oldest);
+    complete -= 1;
+  }
+}
+
+Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t seq,
+                               uint32_t rank, uint32_t world_size,
+                               const std::vector<CutPart>& parts) {
+  expire_leases();
+  auto w = worker_of(worker);
+  if (!w) return tl::unexpected(w.error());
+  if (group.empty()) return invalid_argument("group", "a cut is taken by a group: name it");
+  if (auto ok = admit(group); !ok) return tl::unexpected(ok.error());
+  if (seq == 0) return invalid_argument("seq", "must be at least 1");
+  if (world_size == 0 || world_size > (1u << 20)) {
+    return invalid_argument("world_size", "must be between 1 and 2^20");
+  }
+  if (rank >= world_size) {
+    return invalid_argument("rank", "rank " + std::to_string(rank) + " is not below world_size " +
+                                        std::to_string(world_size));
+  }
+  auto existing = std::find_if(cuts_.begin(), cuts_.end(),
+                               [&](const Cut& c) { return c.group == group && c.seq == seq; });
+  auto reply_of = [](const Cut& c) {
+    return CutShareReply{c.id, c.complete(), c.ranks, c.world_size};
+  };
+  if (existing != cuts_.end()) {
+    if (existing->world_size != world_size) {
+      return conflict("cut " + std::to_string(existing->id) + " (the group's cut " +
+                          std::to_string(seq) + ") has world_size " +
+                          std::to_string(existing->world_size) + ", this share says " +
+                          std::to_string(world_size),
+                      error_reason::kCutMismatch);
+    }
+    if (std::binary_search(existing->ranks.begin(), existing->ranks.end(), rank)) {
+      return reply_of(*existing);  // a repeated share
+    }
+  }
+  // The parts, checked whole before anything changes.
+  std::vector<Cut::Share> shares;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const CutPart& part = parts[i];
+    if (auto ok = check_completion(worker, part.lease); !ok) return tl::unexpected(ok.error());
+    auto it = leases_.find(part.lease);
+    if (it == leases_.end() || !it->second.live) {
+      return conflict("lease " + std::to_string(part.lease) + " is not held by worker " +
+                          (*w)->name + " any more (it expired, was given back or completed): " +
+                          "its batches cannot be part of the cut",
+                      error_reason::kLeaseNotHeld);
+    }
+    for (size_t k = 0; k < i; ++k) {
+      if (parts[k].lease == part.lease) {
+        return invalid_argument("parts", "lease " + std::to_string(part.lease) + " is listed twice");
+      }
+    }
+    const Job job = job_of(part.lease);
+    if (part.batches == 0 || part.batches >= job.positions.count) {
+      return invalid_argument(
+          "parts", "lease " + std::to_string(part.lease) + ": batches must be between 1 and " +
+                       std::to_string(job.positions.count) +
+                       " - 1 (a job trained whole is completed, not part of a cut); got " +
+                       std::to_string(part.batches));
+    }
+    shares.push_back(
+        Cut::Share{it->second.epoch_slot, it->second.position, part.batches, part.completion});
+  }
+  if (existing == cuts_.end()) {
+    size_t pending = 0;
+    for (const Cut& c : cuts_) pending += !c.complete();
+    if (pending >= kPendingCutsKept) {  // shares that never completed: drop the oldest
+      cuts_.erase(std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }));
+    }
+    Cut c;
+    c.id = ++last_cut_;
+    c.group = std::string(group);
+    c.seq = seq;
+    c.generation = generation_;
+    c.world_size = world_size;
+    c.created_at = clock_.now();
+    cuts_.push_back(std::move(c));
+    existing = std::prev(cuts_.end());
+  }
+  Cut& cut = *existing;
+  cut.ranks.insert(std::upper_bound(cut.ranks.begin(), cut.ranks.end(), rank), rank);
+  cut.shares.insert(cut.shares.end(), shares.begin(), shares.end());
+  const CutShareReply reply = reply_of(cut);
+  if (cut.ranks.size() == cut.world_size) {
+    complete_cut(cut);  // may drop older cuts: `cut` stays (it is the newest complete one)
+    return CutShareReply{reply.cut, true, reply.ranks, reply.world_size};
+  }
+  return reply;
+}
+
+Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cut_id) {
+  if (group.empty()) return invalid_argument("group", "a restore names the group that goes on");
+  if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
+  const std::string target = cut_id ? "cut " + std::to_string(*cut_id) : std::string("fresh");
+  if (group == group_) {
+    if (restored_ == target) {  // another rank of the group, or a retry
+      return Restored{false, cut_id, generation_, 0, 0};
+    }
+    return conflict("group " + std::string(group) + " is already the current group of run " +
+                        config_.name + " (" +
+                        (restored_.empty() ? std::string("it took the run over without a restore")
+                                           : "it restored " + restored_) +
+                        "): a restore is made by a new group, before it asks for jobs",
+                    error_reason::kRestoreConflict);
+  }
+  if (state_ == RunState::kCancelled) {
+    return failed_precondition("run " + config_.name + " was cancelled: " + state_reason_,
+                               error_reason::kRunCancelled);
+  }
+  const Cut* cut = nullptr;
+  if (cut_id) {
+    cut = find_cut(*cut_id);
+    if (cut == nullptr) {
+      std::string kept;
+      for (const Cut& c : cuts_) {
+        if (c.complete()) kept += (kept.empty() ? "" : ", ") + std::to_string(c.id);
+      }
+      return not_found("run " + config_.name + " has no cut " + std::to_string(*cut_id) +
+                           (kept.empty() ? std::string(" (it has none)")
+                                         : " (it keeps cuts " + kept + ")"),
+                       error_reason::kCutNotFound);
+    }
+    if (!cut->complete()) {
+      return failed_precondition(
+          "cut " + std::to_string(*cut_id) + " is not complete: " +
+              std::to_string(cut->ranks.size()) + " of its " + std::to_string(cut->world_size) +
+              " ranks gave their share",
+          error_reason::kCutIncomplete);
+    }
+  }
+  const uint64_t done_before = jobs_done();
+  const uint64_t voided_before = counters_.leases_voided;
+  take_over(group, target, void_leases());
+  uint64_t withdrawn = 0;
+  if (cut != nullptr) {
+    const RunProgress& p = cut->saved;
+    withdrawn = done_before > cut->jobs_done ? done_before - cut->jobs_done : 0;
+    state_ = p.state;
+    state_reason_ = p.state_reason;
+    early_stop_.restore(p.early_stop);
+    epochs_ = p.epochs;
+    running_ = p.running;
+    dev_to_judge_ = p.dev_to_judge;
+    next_epoch_ = p.next_epoch;
+    next_is_dev_ = p.next_is_dev;
+    latest_of_set_[0] = p.latest_of_set[0];
+    latest_of_set_[1] = p.latest_of_set[1];
+  }
+  counters_.restores += 1;
+  counters_.jobs_withdrawn += withdrawn;
+  const uint64_t voided = counters_.leases_voided - voided_before;
+  emit(EventKind::kRestored,
+       "group " + std::string(group) + " restored " +
+           (cut ? "cut " + std::to_string(cut->id) : std::string("the ledger as it is (fresh)")) +
+           ": generation " + std::to_string(generation_) + ", " + std::to_string(withdrawn) +
+           " completed jobs reopened, " + std::to_string(voided) + " leases voided; run " +
+           std::string(run_state_name(state_)));
+  return Restored{true, cut_id, generation_, withdrawn, voided};
+}
 
 }  // namespace traincoord

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,6 +70,7 @@ enum class CompletionOutcome : uint8_t {
   kJobFailed,   // the job had been given up after max_attempts; not counted
   kStale,       // a lease too old to remember (beyond lease_history); not counted
 };
+// (A lease voided by a restore or by a new group taking over is remembered as kGivenUp.)
 std::string_view completion_outcome_name(CompletionOutcome outcome);
 
 struct Completed {
@@ -134,6 +136,10 @@ struct Epoch {
   uint64_t cursor = 0;           // next position never handed out
   std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
   std::unordered_map<uint64_t, ActiveJob> active;
+  // Jobs partly trained before a restore: position -> batches of the job already in the model
+  // (and in the aggregates above). A hand-out of such a job covers only the batches after them.
+  // Only active jobs have an entry.
+  std::map<uint64_t, uint64_t> trained;
 };
 
 struct WorkerInfo {
@@ -158,6 +164,10 @@ struct RunCounters {
   uint64_t failure_reports = 0;
   uint64_t jobs_failed = 0;
   uint64_t nonfinite_losses = 0;
+  uint64_t cuts = 0;            // complete checkpoint cuts
+  uint64_t restores = 0;        // restores of a cut (or fresh starts) by a new group
+  uint64_t jobs_withdrawn = 0;  // completed jobs reopened by restores
+  uint64_t leases_voided = 0;   // leases voided by restores and groups taking over
 };
 
 enum class EventKind : uint8_t {
@@ -169,6 +179,9 @@ enum class EventKind : uint8_t {
   kWorkerLeft,
   kEarlyStopped,
   kRunFinished,
+  kCutTaken,
+  kRestored,
+  kGroupStarted,
 };
 std::string_view event_kind_name(EventKind kind);
 
@@ -187,6 +200,73 @@ struct RecentCompletion {
   double loss = 0;
   TimeMs time = 0;
 };
+
+// ---- checkpoint cuts (docs/SEMANTICS.md, "Checkpoint cuts") ----
+
+// A rank's job partly trained when it gave its share of a cut: the first `batches` batches of
+// the job as it was handed out are in the checkpointed model, with the aggregates `completion`.
+struct CutPart {
+  LeaseId lease = 0;
+  uint64_t batches = 0;
+  Completion completion;
+};
+
+// The part of a run's state a cut saves and a restore puts back: what was trained (epochs and
+// their aggregates), the schedule, early stopping and the run's state. Leases are not part of
+// it: at a cut, every job in flight is open again (its partly trained batches excepted).
+struct RunProgress {
+  RunState state = RunState::kRunning;
+  std::string state_reason;
+  EarlyStopState early_stop;
+  std::vector<Epoch> epochs;
+  std::vector<uint32_t> running;
+  std::deque<uint32_t> dev_to_judge;
+  int64_t next_epoch = 0;
+  bool next_is_dev = false;
+  std::optional<uint32_t> latest_of_set[2];
+};
+
+struct Cut {
+  uint64_t id = 0;  // 1, 2, 3, ... per run
+  std::string group;
+  uint64_t seq = 0;  // the group's seq-th cut (each rank counts its own calls)
+  uint64_t generation = 0;
+  uint32_t world_size = 0;
+  std::vector<uint32_t> ranks;  // the ranks that gave their share, sorted
+  TimeMs created_at = 0;
+  std::optional<TimeMs> completed_at;  // complete once every rank of world_size gave its share
+  // The shares' partly trained jobs, as (epoch slot, position, part) until complete.
+  struct Share {
+    uint32_t epoch_slot = 0;
+    uint64_t position = 0;
+    uint64_t batches = 0;
+    Completion completion;
+  };
+  std::vector<Share> shares;
+  RunProgress saved;  // when complete: the run as of the cut
+  // When complete, for status: completed jobs, partly trained jobs and their trained batches.
+  uint64_t jobs_done = 0;
+  uint64_t partial_jobs = 0;
+  uint64_t partial_batches = 0;
+  bool complete() const { return completed_at.has_value(); }
+};
+
+struct CutShareReply {
+  uint64_t cut = 0;
+  bool complete = false;
+  std::vector<uint32_t> ranks;
+  uint32_t world_size = 0;
+};
+
+struct Restored {
+  bool restored = false;         // false: this group had restored the same target already
+  std::optional<uint64_t> cut;   // nullopt: a fresh start from the ledger as it is
+  uint64_t generation = 0;
+  uint64_t withdrawn_jobs = 0;   // completed jobs reopened
+  uint64_t leases_voided = 0;
+};
+
+enum class GroupState : uint8_t { kCurrent, kRestoreRequired };
 
 struct IndexReply {
   int64_t epoch = 0;
@@ -252,6 +332,29 @@ class Run {
   // Returns every lease whose deadline has passed to the open queue (every call does this).
   void expire_leases();
 
+  // ---- groups and checkpoint cuts ----
+  // The group a registering worker belongs to (empty: ungrouped, never fenced). A new group
+  // takes the run over when the run has no complete cut: generation + 1, and the leases of the
+  // group before it are voided. With a complete cut, it must restore first (kRestoreRequired).
+  // Fails (stale_generation) for a group that was current before.
+  Result<GroupState> join_group(std::string_view group);
+  // Whether a request of `group` is served: empty or the current group. Fails with
+  // stale_generation (an earlier group), restore_required (a new group while cuts exist) or
+  // worker_not_registered (a new group that has not registered).
+  Result<void> admit(std::string_view group) const;
+  // Rank `rank` of the current group (of `world_size` ranks) gives its share of the group's
+  // `seq`-th cut: the jobs it holds partly trained. Complete once every rank gave its share:
+  // the run as of then is saved. Repeating a share changes nothing.
+  Result<CutShareReply> cut(WorkerId worker, std::string_view group, uint64_t seq, uint32_t rank,
+                            uint32_t world_size, const std::vector<CutPart>& parts);
+  // `group` takes the run over from the cut `cut` (nullopt: from the ledger as it is).
+  Result<Restored> restore(std::string_view group, std::optional<uint64_t> cut);
+  const std::deque<Cut>& cuts() const { return cuts_; }
+  const Cut* find_cut(uint64_t id) const;
+  const Cut* latest_cut() const;  // the latest complete cut
+  const std::string& group() const { return group_; }
+  uint64_t generation() const { return generation_; }
+
   // The order of an epoch: maps a job's positions to batch indices.
   EpochOrder order_of(int64_t epoch, SetKind set) const;
   // Appends the batch indices of `job` to `out`.
@@ -308,6 +411,13 @@ class Run {
   void remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome);
   void emit(EventKind kind, std::string text);
   TimeMs retry_hint() const;
+  void fold_report(Epoch& epoch, const Completion& completion);
+  uint64_t void_leases();
+  RunProgress save_progress() const;
+  void complete_cut(Cut& cut);
+  void take_over(std::string_view group, std::string target, uint64_t voided);
+  bool is_past_group(std::string_view group) const;
+  uint64_t jobs_done() const;
 
   RunConfig config_;
   Plan plan_;
@@ -335,6 +445,17 @@ class Run {
   std::deque<Event> events_;
   uint64_t event_seq_ = 0;
   std::deque<RecentCompletion> recent_;
+
+  std::string group_;                   // the current group ("": none yet)
+  uint64_t generation_ = 0;             // + 1 for every group that took the run over
+  std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
+  std::string restored_;                // what group_ restored: "cut N", "fresh", or ""
+  std::deque<Cut> cuts_;                // oldest first: complete ones, and pending of group_
+  uint64_t last_cut_ = 0;
+
+ public:
+  static constexpr size_t kPastGroupsKept = 1024;
+  static constexpr size_t kPendingCutsKept = 16;
 };
 
 }  // namespace traincoord

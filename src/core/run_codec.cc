@@ -11,7 +11,9 @@ namespace {
 constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // 2: workers' last acquire request. 3: an epoch's loss and metric aggregates are running means,
 // no longer sums (same layout; a format 2 snapshot is read and its sums turned into means).
-constexpr uint32_t kFormat = 3;
+// 4: checkpoint cuts: each epoch's partly trained jobs, the groups, the cuts (each with the
+// saved progress, in the layout of the run's own), four counters.
+constexpr uint32_t kFormat = 4;
 constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
@@ -104,6 +106,232 @@ std::optional<int64_t> load_optional(Reader& r) {
   return r.i64();
 }
 
+
+// The part of a run a cut saves, by reference: the run's own fields or a cut's RunProgress.
+struct ProgressRef {
+  RunState state;
+  const std::string& reason;
+  const EarlyStopState& early_stop;
+  const std::vector<Epoch>& epochs;
+  const std::vector<uint32_t>& running;
+  const std::deque<uint32_t>& dev_to_judge;
+  int64_t next_epoch;
+  bool next_is_dev;
+  const std::optional<uint32_t> (&latest_of_set)[2];
+};
+
+void encode_progress(Writer& w, const ProgressRef& p) {
+  w.u64(static_cast<uint64_t>(p.state));
+  w.str(p.reason);
+
+  const EarlyStopState& es = p.early_stop;
+  w.u64(es.observed.size());
+  for (const auto& [epoch, value] : es.observed) {
+    w.i64(epoch);
+    w.f64(value);
+  }
+  w.f64(es.best_value);
+  save_optional(w, es.best_epoch);
+  w.i64(es.wait);
+  w.boolean(es.stopped);
+  save_optional(w, es.stopped_at_epoch);
+  w.str(es.reason);
+
+  w.u64(p.epochs.size());
+  for (const Epoch& e : p.epochs) {
+    w.i64(e.plan.epoch);
+    w.u64(static_cast<uint64_t>(e.plan.set));
+    w.u64(e.plan.first_job);
+    w.u64(e.plan.end_job);
+    w.u64(e.set_batches);
+    w.i64(e.opened_at);
+    save_optional(w, e.closed_at);
+    w.u64(e.done);
+    w.u64(e.failed);
+    w.u64(e.leased);
+    w.u64(e.failed_jobs.size());
+    for (uint64_t f : e.failed_jobs) w.u64(f);
+    w.f64(e.weighted_loss);
+    w.u64(e.samples);
+    w.f64(e.plain_loss);
+    w.u64(e.finite_jobs);
+    w.u64(e.nonfinite_jobs);
+    w.u64(e.metrics.size());
+    for (const Epoch::MetricSum& m : e.metrics) {
+      w.str(m.name);
+      w.f64(m.weighted);
+      w.u64(m.samples);
+      w.f64(m.plain);
+      w.u64(m.count);
+    }
+    w.f64(e.loss);
+    w.u64(e.next_index);
+    w.u64(e.cursor);
+    w.u64(e.requeue.size());
+    for (uint64_t p : e.requeue) w.u64(p);
+    // Hash maps iterate in no fixed order: sort, so that equal states save equal bytes.
+    std::vector<uint64_t> positions;
+    positions.reserve(e.active.size());
+    for (const auto& entry : e.active) positions.push_back(entry.first);
+    std::sort(positions.begin(), positions.end());
+    w.u64(positions.size());
+    for (uint64_t position : positions) {
+      const Epoch::ActiveJob& job = e.active.at(position);
+      w.u64(position);
+      w.u64(job.handouts);
+      w.u64(job.failures);
+      w.u64(job.live);
+      w.u64(job.expired.size());
+      for (LeaseId l : job.expired) w.u64(l);
+    }
+    w.u64(e.trained.size());
+    for (const auto& [position, batches] : e.trained) {
+      w.u64(position);
+      w.u64(batches);
+    }
+  }
+  w.u64(p.running.size());
+  for (uint32_t s : p.running) w.u64(s);
+  w.u64(p.dev_to_judge.size());
+  for (uint32_t s : p.dev_to_judge) w.u64(s);
+  w.i64(p.next_epoch);
+  w.boolean(p.next_is_dev);
+  for (const auto& latest : p.latest_of_set) {
+    w.boolean(latest.has_value());
+    if (latest) w.u64(*latest);
+  }
+
+}
+
+void encode_completion(Writer& w, const Completion& c) {
+  w.f64(c.loss);
+  w.u64(c.samples);
+  w.u64(c.metrics.size());
+  for (const Metric& m : c.metrics) {
+    w.str(m.name);
+    w.f64(m.value);
+  }
+}
+
+// Reads what encode_progress wrote; returns what is wrong, or empty.
+std::string decode_progress(Reader& r, uint64_t format, RunProgress* p) {
+  // Format 2 kept sums where format 3 keeps means: the mean is the sum over its count.
+  auto mean_of = [&](double value, uint64_t count) {
+    if (format >= 3) return value;
+    return count == 0 ? 0.0 : value / static_cast<double>(count);
+  };
+  const uint64_t state = r.u64();
+  if (state > static_cast<uint64_t>(RunState::kFailed)) return "an unknown run state";
+  p->state = static_cast<RunState>(state);
+  p->state_reason = r.str();
+
+  EarlyStopState es;
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const int64_t epoch = r.i64();
+    es.observed.emplace_back(epoch, r.f64());
+  }
+  es.best_value = r.f64();
+  es.best_epoch = load_optional(r);
+  es.wait = static_cast<int>(r.i64());
+  es.stopped = r.boolean();
+  es.stopped_at_epoch = load_optional(r);
+  es.reason = r.str();
+  p->early_stop = std::move(es);
+
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    Epoch e;
+    e.plan.epoch = r.i64();
+    const uint64_t set = r.u64();
+    if (set > static_cast<uint64_t>(SetKind::kDev)) return "an unknown set";
+    e.plan.set = static_cast<SetKind>(set);
+    e.plan.first_job = r.u64();
+    e.plan.end_job = r.u64();
+    e.set_batches = r.u64();
+    e.opened_at = r.i64();
+    e.closed_at = load_optional(r);
+    e.done = r.u64();
+    e.failed = r.u64();
+    e.leased = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.failed_jobs.push_back(r.u64());
+    e.weighted_loss = r.f64();
+    e.samples = r.u64();
+    e.weighted_loss = mean_of(e.weighted_loss, e.samples);
+    e.plain_loss = r.f64();
+    e.finite_jobs = r.u64();
+    e.plain_loss = mean_of(e.plain_loss, e.finite_jobs);
+    e.nonfinite_jobs = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+      Epoch::MetricSum ms;
+      ms.name = r.str();
+      ms.weighted = r.f64();
+      ms.samples = r.u64();
+      ms.plain = r.f64();
+      ms.count = r.u64();
+      ms.weighted = mean_of(ms.weighted, ms.samples);
+      ms.plain = mean_of(ms.plain, ms.count);
+      e.metrics.push_back(std::move(ms));
+    }
+    e.loss = r.f64();
+    e.next_index = r.u64();
+    e.cursor = r.u64();
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.requeue.push_back(r.u64());
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+      const uint64_t position = r.u64();
+      Epoch::ActiveJob job;
+      job.handouts = static_cast<uint32_t>(r.u64());
+      job.failures = static_cast<uint32_t>(r.u64());
+      job.live = r.u64();
+      for (uint64_t x = 0, y = r.count(); x < y && r.ok(); ++x) job.expired.push_back(r.u64());
+      e.active.emplace(position, std::move(job));
+    }
+    if (format >= 4) {
+      for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+        const uint64_t position = r.u64();
+        e.trained[position] = r.u64();
+      }
+    }
+    p->epochs.push_back(std::move(e));
+  }
+  const uint64_t epochs = p->epochs.size();
+  auto slot = [&](uint64_t v) { return static_cast<uint32_t>(v < epochs ? v : 0); };
+  bool slots_ok = true;
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const uint64_t v = r.u64();
+    slots_ok &= v < epochs;
+    p->running.push_back(slot(v));
+  }
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    const uint64_t v = r.u64();
+    slots_ok &= v < epochs;
+    p->dev_to_judge.push_back(slot(v));
+  }
+  p->next_epoch = r.i64();
+  p->next_is_dev = r.boolean();
+  for (auto& latest : p->latest_of_set) {
+    latest.reset();
+    if (r.boolean()) {
+      const uint64_t v = r.u64();
+      slots_ok &= v < epochs;
+      latest = slot(v);
+    }
+  }
+  if (!slots_ok) return "an epoch slot that does not exist";
+  return {};
+}
+
+Completion decode_completion(Reader& r) {
+  Completion c;
+  c.loss = r.f64();
+  c.samples = r.u64();
+  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+    Metric m;
+    m.name = r.str();
+    m.value = r.f64();
+    c.metrics.push_back(std::move(m));
+  }
+  return c;
+}
+
 }  // namespace
 
 std::string RunCodec::save(const Run& run) { return save(run, true); }
@@ -186,6 +414,42 @@ std::string RunCodec::inconsistency(const Run& run) {
       }
     }
   }
+  for (size_t slot = 0; slot < epochs; ++slot) {
+    const Epoch& e = run.epochs_[slot];
+    for (const auto& [position, batches] : e.trained) {
+      if (e.active.count(position) == 0) {
+        return "epoch slot " + std::to_string(slot) + " has a partly trained job that is not active";
+      }
+      if (batches == 0 ||
+          batches >= job_batches(e.set_batches, run.plan_.batches_per_job, position).count) {
+        return "epoch slot " + std::to_string(slot) + " has a partly trained job trained whole";
+      }
+    }
+  }
+  if (!run.group_.empty() && run.generation_ == 0) return "a group at generation 0";
+  uint64_t last_id = 0;
+  for (const Cut& cut : run.cuts_) {
+    const std::string what = "cut " + std::to_string(cut.id);
+    if (cut.id <= last_id || cut.id > run.last_cut_) return what + " out of order";
+    last_id = cut.id;
+    if (cut.world_size == 0 || cut.ranks.size() > cut.world_size) return what + " has too many ranks";
+    for (size_t i = 0; i < cut.ranks.size(); ++i) {
+      if (cut.ranks[i] >= cut.world_size || (i > 0 && cut.ranks[i] <= cut.ranks[i - 1])) {
+        return what + " has ranks out of order";
+      }
+    }
+    if (cut.complete() != (cut.ranks.size() == cut.world_size)) {
+      return what + " is complete or not against its ranks";
+    }
+    if (cut.complete() && !cut.shares.empty()) return what + " is complete with shares pending";
+    if (!cut.complete() && cut.group != run.group_) return what + " is pending for another group";
+    for (const Cut::Share& share : cut.shares) {
+      if (share.epoch_slot >= epochs) return what + " has a share of an epoch that does not exist";
+    }
+    for (uint32_t slot : cut.saved.running) {
+      if (slot >= cut.saved.epochs.size()) return what + " has a running epoch that does not exist";
+    }
+  }
   for (uint32_t slot : run.running_) {
     if (slot >= epochs) return "a running epoch that does not exist";
   }
@@ -222,80 +486,9 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   Writer w;
   w.u64(kMagic);
   w.u64(kFormat);
-  w.u64(static_cast<uint64_t>(run.state_));
-  w.str(run.state_reason_);
-
-  const EarlyStopState& es = run.early_stop_.state();
-  w.u64(es.observed.size());
-  for (const auto& [epoch, value] : es.observed) {
-    w.i64(epoch);
-    w.f64(value);
-  }
-  w.f64(es.best_value);
-  save_optional(w, es.best_epoch);
-  w.i64(es.wait);
-  w.boolean(es.stopped);
-  save_optional(w, es.stopped_at_epoch);
-  w.str(es.reason);
-
-  w.u64(run.epochs_.size());
-  for (const Epoch& e : run.epochs_) {
-    w.i64(e.plan.epoch);
-    w.u64(static_cast<uint64_t>(e.plan.set));
-    w.u64(e.plan.first_job);
-    w.u64(e.plan.end_job);
-    w.u64(e.set_batches);
-    w.i64(e.opened_at);
-    save_optional(w, e.closed_at);
-    w.u64(e.done);
-    w.u64(e.failed);
-    w.u64(e.leased);
-    w.u64(e.failed_jobs.size());
-    for (uint64_t f : e.failed_jobs) w.u64(f);
-    w.f64(e.weighted_loss);
-    w.u64(e.samples);
-    w.f64(e.plain_loss);
-    w.u64(e.finite_jobs);
-    w.u64(e.nonfinite_jobs);
-    w.u64(e.metrics.size());
-    for (const Epoch::MetricSum& m : e.metrics) {
-      w.str(m.name);
-      w.f64(m.weighted);
-      w.u64(m.samples);
-      w.f64(m.plain);
-      w.u64(m.count);
-    }
-    w.f64(e.loss);
-    w.u64(e.next_index);
-    w.u64(e.cursor);
-    w.u64(e.requeue.size());
-    for (uint64_t p : e.requeue) w.u64(p);
-    // Hash maps iterate in no fixed order: sort, so that equal states save equal bytes.
-    std::vector<uint64_t> positions;
-    positions.reserve(e.active.size());
-    for (const auto& entry : e.active) positions.push_back(entry.first);
-    std::sort(positions.begin(), positions.end());
-    w.u64(positions.size());
-    for (uint64_t position : positions) {
-      const Epoch::ActiveJob& job = e.active.at(position);
-      w.u64(position);
-      w.u64(job.handouts);
-      w.u64(job.failures);
-      w.u64(job.live);
-      w.u64(job.expired.size());
-      for (LeaseId l : job.expired) w.u64(l);
-    }
-  }
-  w.u64(run.running_.size());
-  for (uint32_t s : run.running_) w.u64(s);
-  w.u64(run.dev_to_judge_.size());
-  for (uint32_t s : run.dev_to_judge_) w.u64(s);
-  w.i64(run.next_epoch_);
-  w.boolean(run.next_is_dev_);
-  for (const auto& latest : run.latest_of_set_) {
-    w.boolean(latest.has_value());
-    if (latest) w.u64(*latest);
-  }
+  encode_progress(w, ProgressRef{run.state_, run.state_reason_, run.early_stop_.state(),
+                                 run.epochs_, run.running_, run.dev_to_judge_, run.next_epoch_,
+                                 run.next_is_dev_, run.latest_of_set_});
 
   w.u64(run.workers_.size());
   for (const WorkerInfo& wi : run.workers_) {
@@ -344,6 +537,42 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     w.u64(v);
   }
   w.u64(run.event_seq_);
+
+  for (uint64_t v : {c.cuts, c.restores, c.jobs_withdrawn, c.leases_voided}) w.u64(v);
+  w.str(run.group_);
+  w.u64(run.generation_);
+  w.u64(run.past_groups_.size());
+  for (const std::string& g : run.past_groups_) w.str(g);
+  w.str(run.restored_);
+  w.u64(run.last_cut_);
+  w.u64(run.cuts_.size());
+  for (const Cut& cut : run.cuts_) {
+    w.u64(cut.id);
+    w.str(cut.group);
+    w.u64(cut.seq);
+    w.u64(cut.generation);
+    w.u64(cut.world_size);
+    w.u64(cut.ranks.size());
+    for (uint32_t rank : cut.ranks) w.u64(rank);
+    w.i64(cut.created_at);
+    save_optional(w, cut.completed_at);
+    w.u64(cut.shares.size());
+    for (const Cut::Share& share : cut.shares) {
+      w.u64(share.epoch_slot);
+      w.u64(share.position);
+      w.u64(share.batches);
+      encode_completion(w, share.completion);
+    }
+    if (cut.complete()) {
+      const RunProgress& p = cut.saved;
+      encode_progress(w, ProgressRef{p.state, p.state_reason, p.early_stop, p.epochs, p.running,
+                                     p.dev_to_judge, p.next_epoch, p.next_is_dev,
+                                     p.latest_of_set});
+      w.u64(cut.jobs_done);
+      w.u64(cut.partial_jobs);
+      w.u64(cut.partial_batches);
+    }
+  }
   return w.take();
 }
 
@@ -360,105 +589,25 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     return corrupt("format " + std::to_string(format) + ", this build reads " +
                    std::to_string(kOldestFormat) + " to " + std::to_string(kFormat));
   }
-  // Format 2 kept sums where format 3 keeps means: the mean is the sum over its count.
-  auto mean_of = [&](double value, uint64_t count) {
-    if (format >= 3) return value;
-    return count == 0 ? 0.0 : value / static_cast<double>(count);
-  };
   auto run = std::make_unique<Run>(std::move(config), clock);
   run->events_.clear();
-  run->epochs_.clear();
-  run->running_.clear();
-  run->dev_to_judge_.clear();
-  const uint64_t state = r.u64();
-  if (state > static_cast<uint64_t>(RunState::kFailed)) return corrupt("an unknown run state");
-  run->state_ = static_cast<RunState>(state);
-  run->state_reason_ = r.str();
-
-  EarlyStopState es;
-  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
-    const int64_t epoch = r.i64();
-    es.observed.emplace_back(epoch, r.f64());
+  RunProgress progress;
+  if (std::string broken = decode_progress(r, format, &progress); !broken.empty()) {
+    return corrupt(broken);
   }
-  es.best_value = r.f64();
-  es.best_epoch = load_optional(r);
-  es.wait = static_cast<int>(r.i64());
-  es.stopped = r.boolean();
-  es.stopped_at_epoch = load_optional(r);
-  es.reason = r.str();
-  run->early_stop_.restore(std::move(es));
-
-  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
-    Epoch e;
-    e.plan.epoch = r.i64();
-    const uint64_t set = r.u64();
-    if (set > static_cast<uint64_t>(SetKind::kDev)) return corrupt("an unknown set");
-    e.plan.set = static_cast<SetKind>(set);
-    e.plan.first_job = r.u64();
-    e.plan.end_job = r.u64();
-    e.set_batches = r.u64();
-    e.opened_at = r.i64();
-    e.closed_at = load_optional(r);
-    e.done = r.u64();
-    e.failed = r.u64();
-    e.leased = r.u64();
-    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.failed_jobs.push_back(r.u64());
-    e.weighted_loss = r.f64();
-    e.samples = r.u64();
-    e.weighted_loss = mean_of(e.weighted_loss, e.samples);
-    e.plain_loss = r.f64();
-    e.finite_jobs = r.u64();
-    e.plain_loss = mean_of(e.plain_loss, e.finite_jobs);
-    e.nonfinite_jobs = r.u64();
-    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
-      Epoch::MetricSum ms;
-      ms.name = r.str();
-      ms.weighted = r.f64();
-      ms.samples = r.u64();
-      ms.plain = r.f64();
-      ms.count = r.u64();
-      ms.weighted = mean_of(ms.weighted, ms.samples);
-      ms.plain = mean_of(ms.plain, ms.count);
-      e.metrics.push_back(std::move(ms));
-    }
-    e.loss = r.f64();
-    e.next_index = r.u64();
-    e.cursor = r.u64();
-    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.requeue.push_back(r.u64());
-    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
-      const uint64_t position = r.u64();
-      Epoch::ActiveJob job;
-      job.handouts = static_cast<uint32_t>(r.u64());
-      job.failures = static_cast<uint32_t>(r.u64());
-      job.live = r.u64();
-      for (uint64_t x = 0, y = r.count(); x < y && r.ok(); ++x) job.expired.push_back(r.u64());
-      e.active.emplace(position, std::move(job));
-    }
-    run->epochs_.push_back(std::move(e));
-  }
+  bool slots_ok = true;
+  run->state_ = progress.state;
+  run->state_reason_ = std::move(progress.state_reason);
+  run->early_stop_.restore(std::move(progress.early_stop));
+  run->epochs_ = std::move(progress.epochs);
+  run->running_ = std::move(progress.running);
+  run->dev_to_judge_ = std::move(progress.dev_to_judge);
+  run->next_epoch_ = progress.next_epoch;
+  run->next_is_dev_ = progress.next_is_dev;
+  run->latest_of_set_[0] = progress.latest_of_set[0];
+  run->latest_of_set_[1] = progress.latest_of_set[1];
   const uint64_t epochs = run->epochs_.size();
   auto slot = [&](uint64_t v) { return static_cast<uint32_t>(v < epochs ? v : 0); };
-  bool slots_ok = true;
-  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
-    const uint64_t v = r.u64();
-    slots_ok &= v < epochs;
-    run->running_.push_back(slot(v));
-  }
-  for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
-    const uint64_t v = r.u64();
-    slots_ok &= v < epochs;
-    run->dev_to_judge_.push_back(slot(v));
-  }
-  run->next_epoch_ = r.i64();
-  run->next_is_dev_ = r.boolean();
-  for (auto& latest : run->latest_of_set_) {
-    latest.reset();
-    if (r.boolean()) {
-      const uint64_t v = r.u64();
-      slots_ok &= v < epochs;
-      latest = slot(v);
-    }
-  }
 
   run->workers_.clear();
   run->worker_ids_.clear();
@@ -519,6 +668,44 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     *v = r.u64();
   }
   run->event_seq_ = r.u64();
+  if (format >= 4) {
+    for (uint64_t* v : {&c.cuts, &c.restores, &c.jobs_withdrawn, &c.leases_voided}) *v = r.u64();
+    run->group_ = r.str();
+    run->generation_ = r.u64();
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) run->past_groups_.push_back(r.str());
+    run->restored_ = r.str();
+    run->last_cut_ = r.u64();
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+      Cut cut;
+      cut.id = r.u64();
+      cut.group = r.str();
+      cut.seq = r.u64();
+      cut.generation = r.u64();
+      cut.world_size = static_cast<uint32_t>(r.u64());
+      for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+        cut.ranks.push_back(static_cast<uint32_t>(r.u64()));
+      }
+      cut.created_at = r.i64();
+      cut.completed_at = load_optional(r);
+      for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+        Cut::Share share;
+        share.epoch_slot = static_cast<uint32_t>(r.u64());
+        share.position = r.u64();
+        share.batches = r.u64();
+        share.completion = decode_completion(r);
+        cut.shares.push_back(std::move(share));
+      }
+      if (cut.complete() && r.ok()) {
+        if (std::string broken = decode_progress(r, format, &cut.saved); !broken.empty()) {
+          return corrupt("cut " + std::to_string(cut.id) + ": " + broken);
+        }
+        cut.jobs_done = r.u64();
+        cut.partial_jobs = r.u64();
+        cut.partial_batches = r.u64();
+      }
+      run->cuts_.push_back(std::move(cut));
+    }
+  }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");
   // What save() asserted of the run it saved.

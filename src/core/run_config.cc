@@ -108,6 +108,10 @@ Result<void> validate(const RunConfig& c) {
                        "must be between 1 and 2^26");
       !r)
     return r;
+  if (auto r = require(c.keep_cuts >= 1 && c.keep_cuts <= 1000, "cuts.keep",
+                       "must be between 1 and 1000");
+      !r)
+    return r;
   if (auto r = require(c.epochs >= -1'000'000 && c.epochs <= 1'000'000, "schedule.epochs",
                        "must be between -1000000 and 1000000");
       !r)

@@ -100,6 +100,9 @@ struct RunConfig {
   // How many resolved leases are remembered to answer repeated completions with their
   // original outcome (and to catch another worker's lease). Older ones are answered as stale.
   uint32_t lease_history = 1u << 16;
+
+  // Complete checkpoint cuts kept (config key cuts.keep): the oldest beyond them are dropped.
+  uint32_t keep_cuts = 5;
 };
 
 // Returns the first problem with `config`, naming its field, or nothing when it is valid.

@@ -151,6 +151,7 @@ class Fields {
   } while (0)
 
 constexpr size_t kMaxMetrics = 32;
+constexpr size_t kMaxGroupBytes = 128;
 
 Result<Completion> read_completion(Fields& body) {
   Completion c;
@@ -347,6 +348,7 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   j.field("lease_timeout_ms", c.lease_timeout_ms);
   j.field("max_attempts", c.max_attempts);
   j.field("on_job_failure", job_failure_policy_name(c.on_job_failure));
+  j.field("keep_cuts", c.keep_cuts);
   j.field("early_stop", early_stop_kind_name(c.early_stop.kind));
   j.end_object();
 }
@@ -411,6 +413,8 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
   }
   j.end_object();
 }
+
+void write_cut(JsonWriter& j, const Cut& c, TimeMs now);
 
 void write_status(JsonWriter& j, const Run& run, TimeMs now) {
   const Plan& plan = run.plan();
@@ -519,6 +523,30 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now) {
   j.field("failure_reports", c.failure_reports);
   j.field("jobs_failed", c.jobs_failed);
   j.field("nonfinite_losses", c.nonfinite_losses);
+  j.field("cuts", c.cuts);
+  j.field("restores", c.restores);
+  j.field("jobs_withdrawn", c.jobs_withdrawn);
+  j.field("leases_voided", c.leases_voided);
+  j.end_object();
+
+  j.field("generation", run.generation());
+  j.key("group");
+  if (run.group().empty()) {
+    j.null();
+  } else {
+    j.value(run.group());
+  }
+  j.key("cuts").begin_object();
+  uint64_t complete = 0;
+  for (const Cut& cut : run.cuts()) complete += cut.complete();
+  j.field("count", complete);
+  j.field("keep", static_cast<uint64_t>(run.config().keep_cuts));
+  j.key("latest");
+  if (const Cut* latest = run.latest_cut()) {
+    write_cut(j, *latest, now);
+  } else {
+    j.null();
+  }
   j.end_object();
 
   constexpr size_t kEventsShown = 50;
@@ -805,6 +833,26 @@ std::string Api::metrics_text() const {
            [&](const Run& r, const std::string& l) {
              series("traincoord_run_early_stopped", l, r.early_stop().state().stopped ? 1 : 0);
            });
+  each_run({"traincoord_run_cuts_total", "counter", "Checkpoint cuts completed."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_cuts_total", l, static_cast<double>(r.counters().cuts));
+           });
+  each_run({"traincoord_run_restores_total", "counter",
+            "Restores of a cut (or fresh starts) by a new group."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_restores_total", l, static_cast<double>(r.counters().restores));
+           });
+  each_run({"traincoord_run_jobs_withdrawn_total", "counter",
+            "Completed jobs reopened by restores (their losses withdrawn)."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_jobs_withdrawn_total", l,
+                    static_cast<double>(r.counters().jobs_withdrawn));
+           });
+  each_run({"traincoord_run_generation", "gauge",
+            "The run's generation: + 1 for every group that took it over."},
+           [&](const Run& r, const std::string& l) {
+             series("traincoord_run_generation", l, static_cast<double>(r.generation()));
+           });
   // Per worker, capped: the first kWorkersPerRunInMetrics workers of a run by id get their own
   // series; the others are summed into worker="_other" (jobs) or take the largest age.
   auto each_worker = [&](const Family& f, auto&& value, bool sum) {
@@ -879,6 +927,7 @@ struct Api::Request {
   TimeMs now;
   Run* run = nullptr;
   Fields* body = nullptr;
+  std::string group;  // grouped endpoints: the group the request names (empty: none)
 
   using Reply = std::variant<HttpReply, ParkedAcquire>;
   static Reply healthz(Request& r);
@@ -896,6 +945,10 @@ struct Api::Request {
   static Reply acquire(Request& r);
   static Reply complete(Request& r);
   static Reply acquire_or_complete(Request& r, bool complete);
+  static Reply cut(Request& r);
+  static Reply list_cuts(Request& r);
+  static Reply cut_info(Request& r);
+  static Reply restore(Request& r);
 };
 
 namespace {
@@ -913,12 +966,17 @@ constexpr Endpoint kEndpoints[] = {
     {"history", "GET", "/v1/runs/{run}/history", Access::kRun, &Api::Request::history},
     {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
     {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
-    {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat},
-    {"leave", "POST", "/v1/runs/{run}/leave", Access::kRun, &Api::Request::leave},
-    {"acquire", "POST", "/v1/runs/{run}/acquire", Access::kRun, &Api::Request::acquire},
-    {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete},
-    {"fail", "POST", "/v1/runs/{run}/fail", Access::kRun, &Api::Request::fail},
-    {"release", "POST", "/v1/runs/{run}/release", Access::kRun, &Api::Request::release},
+    {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat,
+     true},
+    {"leave", "POST", "/v1/runs/{run}/leave", Access::kRun, &Api::Request::leave, true},
+    {"acquire", "POST", "/v1/runs/{run}/acquire", Access::kRun, &Api::Request::acquire, true},
+    {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete, true},
+    {"fail", "POST", "/v1/runs/{run}/fail", Access::kRun, &Api::Request::fail, true},
+    {"release", "POST", "/v1/runs/{run}/release", Access::kRun, &Api::Request::release, true},
+    {"cut", "POST", "/v1/runs/{run}/cuts", Access::kRun, &Api::Request::cut, true},
+    {"cuts", "GET", "/v1/runs/{run}/cuts", Access::kRun, &Api::Request::list_cuts},
+    {"cut_info", "GET", "/v1/runs/{run}/cuts/{cut}", Access::kRun, &Api::Request::cut_info},
+    {"restore", "POST", "/v1/runs/{run}/restore", Access::kRun, &Api::Request::restore},
     {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };
 
@@ -978,7 +1036,7 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   std::string allow;  // the methods the path allows, when it is an endpoint's
   const Endpoint* endpoint = find_endpoint(req.method, req.target, &allow);
   if (endpoint ? !endpoint->handler : allow.empty()) return no_endpoint(req);
-  Request r{*this, req, clock_.now()};
+  Request r{*this, req, clock_.now(), nullptr, nullptr, {}};
   if (const std::string_view run = run_of(req.target); !run.empty()) {
     auto found = engine_.find(run);  // (an unknown run is a 404 whatever the method)
     if (!found) return error_reply(found.error());
@@ -992,6 +1050,11 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   TC_TRY_REPLY(parse_body(req.body, doc));
   Fields body(doc);
   r.body = &body;
+  if (endpoint->grouped) {
+    TC_TRY_ASSIGN(group, body.string("group", std::string(), kMaxGroupBytes));
+    TC_TRY_REPLY(r.run->admit(group));
+    r.group = std::move(group);
+  }
   return endpoint->handler(r);
 }
 
@@ -1207,6 +1270,7 @@ Api::Request::Reply Api::Request::cancel(Request& r) {
 
 Api::Request::Reply Api::Request::register_worker(Request& r) {
   TC_TRY_ASSIGN(name, r.body->string("name", std::nullopt, 128));
+  TC_TRY_ASSIGN(group, r.body->string("group", std::string(), kMaxGroupBytes));
   TC_TRY_REPLY(r.body->no_unknown_fields());
   if (!r.run->has_worker(name) && r.run->workers().size() >= r.api.limits_.max_workers_per_run) {
     return error_reply(409, "limit",
@@ -1214,12 +1278,194 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
                            std::to_string(r.api.limits_.max_workers_per_run) +
                            " workers, its limit (--max-workers-per-run)");
   }
+  // The group first: a refused one (stale) registers nothing.
+  TC_TRY_ASSIGN(group_state, r.run->join_group(group));
   const WorkerId id = r.run->join(name);
   JsonWriter j;
   j.begin_object();
   j.field("worker", id).field("name", name).field("run", r.run->config().name);
   j.field("lease_timeout_ms", r.run->config().lease_timeout_ms);
   j.field("heartbeat_interval_ms", std::max<TimeMs>(1, r.run->config().lease_timeout_ms / 3));
+  j.field("generation", r.run->generation());
+  if (!group.empty()) {
+    j.field("group", group);
+    j.field("group_state",
+            group_state == GroupState::kCurrent ? "current" : "restore_required");
+  }
+  j.key("latest_cut");
+  if (const Cut* latest = r.run->latest_cut()) {
+    j.value(latest->id);
+  } else {
+    j.null();
+  }
+  j.end_object();
+  return ok(j);
+}
+
+namespace {
+
+void write_cut(JsonWriter& j, const Cut& c, TimeMs now) {
+  j.begin_object();
+  j.field("id", c.id);
+  j.field("group", c.group);
+  j.field("seq", c.seq);
+  j.field("generation", c.generation);
+  j.field("complete", c.complete());
+  j.field("world_size", static_cast<uint64_t>(c.world_size));
+  j.key("ranks").begin_array();
+  for (uint32_t rank : c.ranks) j.value(static_cast<uint64_t>(rank));
+  j.end_array();
+  j.field("created_ago_ms", now - c.created_at);
+  j.key("completed_ago_ms");
+  if (c.completed_at) {
+    j.value(now - *c.completed_at);
+  } else {
+    j.null();
+  }
+  if (c.complete()) {
+    const RunProgress& p = c.saved;
+    j.field("state", run_state_name(p.state));
+    const Epoch* latest = p.epochs.empty() ? nullptr : &p.epochs.back();
+    for (const Epoch& e : p.epochs) {
+      if (!e.closed()) {
+        latest = &e;
+        break;
+      }
+    }
+    if (latest != nullptr) {
+      j.field("epoch", latest->plan.epoch);
+      j.field("set", set_name(latest->plan.set));
+    }
+    j.field("jobs_done", c.jobs_done);
+    j.field("partial_jobs", c.partial_jobs);
+    j.field("partial_batches", c.partial_batches);
+  }
+  j.end_object();
+}
+
+// "parts": [{"lease": L, "batches": K, "loss": X, "samples": N, "metrics": {...}}, ...].
+Result<std::vector<CutPart>> read_cut_parts(Fields& body) {
+  std::vector<CutPart> parts;
+  const rapidjson::Value* list = body.get("parts");
+  if (list == nullptr) return parts;
+  if (!list->IsArray() || list->Size() > kMaxJobsPerRequest) {
+    return invalid_argument("parts", "parts must be a list of at most " +
+                                         std::to_string(kMaxJobsPerRequest) +
+                                         " objects {\"lease\": L, \"batches\": K, \"loss\": X, "
+                                         "\"samples\": N}");
+  }
+  for (rapidjson::SizeType i = 0; i < list->Size(); ++i) {
+    const rapidjson::Value& item = (*list)[i];
+    const std::string where = "parts[" + std::to_string(i) + "]";
+    if (!item.IsObject()) return invalid_argument(where, where + " must be an object");
+    Fields fields(item);
+    CutPart part;
+    auto lease = fields.uint("lease");
+    auto batches = lease ? fields.uint("batches") : Result<uint64_t>(uint64_t{0});
+    Result<Completion> completion = Completion{};
+    if (lease && batches) completion = read_completion(fields);
+    Result<void> unknown = completion ? fields.no_unknown_fields() : Result<void>{};
+    for (const Error* e : {lease ? nullptr : &lease.error(), batches ? nullptr : &batches.error(),
+                           completion ? nullptr : &completion.error(),
+                           unknown ? nullptr : &unknown.error()}) {
+      if (e) return invalid_argument(where + "." + e->field, where + ": " + e->message);
+    }
+    parts.push_back(CutPart{*lease, *batches, std::move(*completion)});
+  }
+  return parts;
+}
+
+}  // namespace
+
+Api::Request::Reply Api::Request::cut(Request& r) {
+  TC_TRY_ASSIGN(worker, worker_field(*r.body, *r.run));
+  TC_TRY_ASSIGN(seq, r.body->uint("seq"));
+  TC_TRY_ASSIGN(rank, r.body->uint("rank", uint64_t{0}, UINT32_MAX));
+  TC_TRY_ASSIGN(world_size, r.body->uint("world_size", uint64_t{1}, UINT32_MAX));
+  TC_TRY_ASSIGN(parts, read_cut_parts(*r.body));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_ASSIGN(share, r.run->cut(worker, r.group, seq, static_cast<uint32_t>(rank),
+                                  static_cast<uint32_t>(world_size), parts));
+  JsonWriter j;
+  j.begin_object();
+  j.field("cut", share.cut).field("complete", share.complete);
+  j.key("ranks").begin_array();
+  for (uint32_t v : share.ranks) j.value(static_cast<uint64_t>(v));
+  j.end_array();
+  j.field("world_size", static_cast<uint64_t>(share.world_size));
+  j.field("generation", r.run->generation());
+  j.end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::list_cuts(Request& r) {
+  JsonWriter j;
+  j.begin_object();
+  j.field("keep", static_cast<uint64_t>(r.run->config().keep_cuts));
+  j.field("generation", r.run->generation());
+  j.key("group");
+  if (r.run->group().empty()) {
+    j.null();
+  } else {
+    j.value(r.run->group());
+  }
+  j.key("cuts").begin_array();
+  for (const Cut& c : r.run->cuts()) write_cut(j, c, r.now);
+  j.end_array();
+  j.end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::cut_info(Request& r) {
+  const auto parts = split_path(r.http.target);
+  const std::string_view text = parts.size() == 5 ? parts[4] : std::string_view();
+  uint64_t id = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
+    return error_reply(400, "invalid_argument", "a cut is named by its number (GET .../cuts/N)",
+                       "cut");
+  }
+  const Cut* c = r.run->find_cut(id);
+  if (c == nullptr) {
+    return error_reply(not_found("run " + r.run->config().name + " has no cut " +
+                                     std::to_string(id) + " (GET .../cuts lists those it keeps)",
+                                 error_reason::kCutNotFound)
+                           .value());
+  }
+  JsonWriter j;
+  write_cut(j, *c, r.now);
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::restore(Request& r) {
+  TC_TRY_ASSIGN(group, r.body->string("group", std::nullopt, kMaxGroupBytes));
+  TC_TRY_ASSIGN(fresh, r.body->boolean("fresh", false));
+  std::optional<uint64_t> cut;
+  if (r.body->has("cut")) {
+    TC_TRY_ASSIGN(id, r.body->uint("cut"));
+    cut = id;
+  }
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  if (fresh == cut.has_value()) {
+    return error_reply(400, "invalid_argument",
+                       "name the cut to restore (\"cut\": N) or go on from the ledger as it is "
+                       "(\"fresh\": true), one of the two",
+                       "cut");
+  }
+  TC_TRY_ASSIGN(restored, r.run->restore(group, cut));
+  JsonWriter j;
+  j.begin_object();
+  j.field("restored", restored.restored);
+  j.key("cut");
+  if (restored.cut) {
+    j.value(*restored.cut);
+  } else {
+    j.null();
+  }
+  j.field("generation", restored.generation);
+  j.field("withdrawn_jobs", restored.withdrawn_jobs);
+  j.field("leases_voided", restored.leases_voided);
+  j.field("state", run_state_name(r.run->state()));
   j.end_object();
   return ok(j);
 }

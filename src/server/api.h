@@ -167,6 +167,9 @@ struct Endpoint {
   std::string_view path;
   Access access;
   std::variant<HttpReply, ParkedAcquire> (*handler)(Api::Request&);
+  // A worker's request that may name its group ("group"): served only for the run's current
+  // group (or none), else refused stale_generation / restore_required (docs/SEMANTICS.md).
+  bool grouped = false;
 };
 
 // The JSON error body {"error": {"code", "message", "field"?}} with its HTTP status.
