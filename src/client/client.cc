@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -117,6 +118,21 @@ uint64_t request_id() {
   static thread_local std::mt19937_64 rng(std::random_device{}() ^
                                           (static_cast<uint64_t>(getpid()) << 32));
   return (rng() >> 12) | 1;  // nonzero, and exact in JSON doubles (< 2^52)
+}
+
+// A group is 1 to 128 characters of A-Z a-z 0-9 . _ : / - (or empty: none).
+Result<void> check_group(const std::string& group) {
+  const bool fits = group.size() <= 128 && std::all_of(group.begin(), group.end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                             c == '_' || c == ':' || c == '/' || c == '-';
+                    });
+  if (fits) return {};
+  return tl::unexpected(ClientError{
+      0, "invalid_argument",
+      "Options::group must be 1 to 128 characters of A-Z a-z 0-9 . _ : / - (one name shared "
+      "by the ranks of one start of the training job); got '" +
+          group.substr(0, 160) + "'",
+      "group"});
 }
 
 std::string default_name() {
@@ -334,6 +350,7 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
   if (options.run.empty()) {
     return tl::unexpected(ClientError{0, "invalid_argument", "Options::run is empty", "run"});
   }
+  if (auto ok = check_group(options.group); !ok) return tl::unexpected(ok.error());
   if (options.worker_name.empty()) options.worker_name = default_name();
   if (options.token.empty()) options.token = token_from_environment();
   auto tls = tls_for(*endpoint, options);
@@ -352,12 +369,20 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
 
 Result<void> Worker::register_worker() {
   JsonWriter j;
-  j.begin_object().field("name", options_.worker_name).end_object();
+  j.begin_object().field("name", options_.worker_name);
+  if (!options_.group.empty()) j.field("group", options_.group);
+  j.end_object();
   auto reply = call("workers", j.str(), milliseconds(0));
   if (!reply) return tl::unexpected(reply.error());
   auto registered = reply::registration(*reply, request_name("workers"));
   if (!registered) return tl::unexpected(registered.error());
   id_ = registered->worker;
+  {
+    std::lock_guard lock(group_mu_);
+    generation_ = registered->generation;
+    restore_required_ = registered->restore_required;
+    latest_cut_ = registered->latest_cut;
+  }
   if (registered->heartbeat_interval_ms) {
     heartbeat_interval_ = milliseconds(*registered->heartbeat_interval_ms);
   }
@@ -368,18 +393,20 @@ std::string Worker::request_name(const std::string& action) const {
   return "POST /v1/runs/" + options_.run + "/" + action;
 }
 
-// POSTs to /v1/runs/RUN/ACTION, retrying while the coordinator is unreachable or answers 5xx,
-// with exponential backoff and full jitter, for at most give_up_after.
-Result<std::string> Worker::call(const std::string& action, const std::string& body,
-                                 milliseconds extra_wait) {
-  const std::string target = "/v1/runs/" + options_.run + "/" + action;
-  const auto first_failure_limit = options_.give_up_after;
+namespace {
+
+// Sends one request over `connection`, retrying while the coordinator is unreachable or answers
+// 5xx, with exponential backoff and full jitter, for at most options.give_up_after. Returns the
+// body of a 200 or 201, else the error.
+Result<std::string> with_retries(Connection& connection, const Options& options,
+                                 http::verb method, const std::string& target,
+                                 const std::string& body, milliseconds timeout) {
+  const auto first_failure_limit = options.give_up_after;
   std::optional<std::chrono::steady_clock::time_point> failing_since;
-  milliseconds backoff = options_.initial_backoff;
+  milliseconds backoff = options.initial_backoff;
   std::mt19937_64 rng(std::random_device{}());
   while (true) {
-    auto res =
-        connection_->request(http::verb::post, target, body, options_.request_timeout + extra_wait);
+    auto res = connection.request(method, target, body, timeout);
     ClientError error;
     // A TLS refusal won't get better.
     if (!res && res.error().code == codes::kTls) return tl::unexpected(res.error());
@@ -392,7 +419,7 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     if (!failing_since) failing_since = now;
     if (now - *failing_since >= first_failure_limit) {
       error.message =
-          "the coordinator at " + options_.url + " has not answered for " +
+          "the coordinator at " + options.url + " has not answered for " +
           std::to_string(
               std::chrono::duration_cast<std::chrono::seconds>(now - *failing_since).count()) +
           " s; giving up (last error: " + error.message + ")";
@@ -401,8 +428,30 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
     const auto sleep = milliseconds(std::uniform_int_distribution<int64_t>(
         backoff.count() / 2, std::max<int64_t>(backoff.count() / 2, backoff.count()))(rng));
     std::this_thread::sleep_for(sleep);
-    backoff = std::min(options_.max_backoff, backoff * 2);
+    backoff = std::min(options.max_backoff, backoff * 2);
   }
+}
+
+}  // namespace
+
+// POSTs to /v1/runs/RUN/ACTION over the worker's connection (with_retries).
+Result<std::string> Worker::call(const std::string& action, const std::string& body,
+                                 milliseconds extra_wait) {
+  return with_retries(*connection_, options_, http::verb::post,
+                      "/v1/runs/" + options_.run + "/" + action, body,
+                      options_.request_timeout + extra_wait);
+}
+
+Result<std::string> Worker::call_aside(const std::string& action, const std::string& body,
+                                       bool get) {
+  std::lock_guard lock(aside_mu_);
+  if (!aside_) {
+    aside_ = std::make_unique<Connection>(*parse_url(options_.url), options_.connect_timeout,
+                                          options_.token,
+                                          std::static_pointer_cast<ssl::context>(tls_));
+  }
+  return with_retries(*aside_, options_, get ? http::verb::get : http::verb::post,
+                      "/v1/runs/" + options_.run + "/" + action, body, options_.request_timeout);
 }
 
 // Takes an acquire's answer: holds its jobs' leases, notes a finished run. "wait": an error with
@@ -445,8 +494,7 @@ Result<std::optional<Job>> Worker::take(const std::string& reply, bool nested) {
 Result<std::string> Worker::acquire(size_t jobs) {
   while (true) {
     JsonWriter j;
-    j.begin_object()
-        .field("worker", id_.load())
+    wire::begin_request(j, id_.load(), options_.group)
         .field("wait_ms", options_.long_poll.count())
         .field("request", request_id());
     if (jobs > 0) j.field("jobs", static_cast<uint64_t>(jobs));
@@ -472,8 +520,8 @@ Result<std::optional<Job>> Worker::next() {
 // The body of POST .../complete; with `next`, it asks for the next job too (a fresh request id).
 std::string Worker::completion_body(const Job& job, const Completion& c, bool next) const {
   JsonWriter j;
-  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("loss", c.loss);
-  j.field("samples", c.samples);
+  wire::begin_request(j, id_.load(), options_.group).field("lease", job.lease);
+  j.field("loss", c.loss).field("samples", c.samples);
   if (!c.metrics.empty()) {
     j.key("metrics").begin_object();
     for (const auto& [name, value] : c.metrics) j.field(name, value);
@@ -552,7 +600,7 @@ Result<std::vector<Job>> Worker::complete_and_next_jobs(
     const std::vector<std::pair<Job, Completion>>& done, size_t n) {
   if (done.empty()) return next_jobs(n);
   JsonWriter j;
-  j.begin_object().field("worker", id_.load()).key("completions").begin_array();
+  wire::begin_request(j, id_.load(), options_.group).key("completions").begin_array();
   for (const auto& [job, c] : done) {
     drop(job.lease);
     wire::write_completion(j, job, c);
@@ -579,7 +627,8 @@ Result<std::vector<Job>> Worker::complete_and_next_jobs(
 Result<void> Worker::fail(const Job& job, const std::string& reason) {
   drop(job.lease);
   JsonWriter j;
-  j.begin_object().field("worker", id_.load()).field("lease", job.lease).field("reason", reason);
+  wire::begin_request(j, id_.load(), options_.group).field("lease", job.lease);
+  j.field("reason", reason);
   j.end_object();
   auto reply = call("fail", j.str(), milliseconds(0));
   if (!reply) return tl::unexpected(reply.error());
@@ -589,7 +638,7 @@ Result<void> Worker::fail(const Job& job, const std::string& reason) {
 Result<void> Worker::release(const std::vector<Job>& jobs) {
   if (jobs.empty()) return {};
   JsonWriter j;
-  j.begin_object().field("worker", id_.load()).key("leases").begin_array();
+  wire::begin_request(j, id_.load(), options_.group).key("leases").begin_array();
   for (const Job& job : jobs) {
     drop(job.lease);
     j.value(job.lease);
@@ -602,10 +651,132 @@ Result<void> Worker::release(const std::vector<Job>& jobs) {
 
 Result<void> Worker::leave() {
   JsonWriter j;
-  j.begin_object().field("worker", id_.load()).end_object();
+  wire::begin_request(j, id_.load(), options_.group).end_object();
   auto reply = call("leave", j.str(), milliseconds(0));
   if (!reply) return tl::unexpected(reply.error());
   return {};
+}
+
+Result<CutShareTaken> Worker::give_cut_share(const CutShare& share) {
+  if (options_.group.empty()) {
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "a cut is taken by a group: set Options::group", "group"});
+  }
+  JsonWriter j;
+  wire::begin_request(j, id_.load(), options_.group);
+  j.field("seq", share.seq).field("rank", share.rank).field("world_size", share.world_size);
+  j.key("parts").begin_array();
+  for (const CutPart& part : share.parts) {
+    j.begin_object().field("lease", part.lease).field("batches", part.batches);
+    j.field("loss", part.loss).field("samples", part.samples);
+    if (!part.metrics.empty()) {
+      j.key("metrics").begin_object();
+      for (const auto& [name, value] : part.metrics) j.field(name, value);
+      j.end_object();
+    }
+    j.end_object();
+  }
+  j.end_array().end_object();
+  auto reply = call_aside("cuts", j.str(), false);
+  if (!reply) return tl::unexpected(reply.error());
+  auto taken = reply::cut_share(*reply, request_name("cuts"));
+  if (!taken) return tl::unexpected(taken.error());
+  std::lock_guard lock(group_mu_);
+  generation_ = taken->generation;
+  if (taken->complete) latest_cut_ = std::max(latest_cut_.value_or(0), taken->cut);
+  return taken;
+}
+
+Result<CutList> Worker::cuts() {
+  auto reply = call_aside("cuts", "", true);
+  if (!reply) return tl::unexpected(reply.error());
+  return reply::cut_list(*reply, "GET /v1/runs/" + options_.run + "/cuts");
+}
+
+Result<Cut> Worker::cut(uint64_t id) {
+  const std::string action = "cuts/" + std::to_string(id);
+  auto reply = call_aside(action, "", true);
+  if (!reply) return tl::unexpected(reply.error());
+  return reply::cut(*reply, "GET /v1/runs/" + options_.run + "/" + action);
+}
+
+Result<Cut> Worker::wait_for_cut(uint64_t id, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  milliseconds pause(20);
+  while (true) {
+    auto c = cut(id);
+    if (!c || c->complete) return c;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      for (uint32_t rank = 0, listed = 0; rank < c->world_size; ++rank) {
+        if (std::binary_search(c->ranks.begin(), c->ranks.end(), rank)) continue;
+        if (++listed > 16) {
+          missing += ", ...";
+          break;
+        }
+        missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
+      }
+      return tl::unexpected(ClientError{
+          0, std::string(codes::kCutTimeout),
+          "cut " + std::to_string(id) + " of group " + c->group + " is not complete after " +
+              std::to_string(timeout.count()) + " ms: " + std::to_string(c->ranks.size()) +
+              " of its " + std::to_string(c->world_size) +
+              " ranks gave their share; missing ranks " + missing +
+              " (each rank gives its share at the same step)",
+          {}});
+    }
+    std::this_thread::sleep_for(
+        std::min(pause, std::chrono::duration_cast<milliseconds>(
+                            deadline - std::chrono::steady_clock::now()) +
+                            milliseconds(1)));
+    pause = std::min(pause * 2, milliseconds(500));
+  }
+}
+
+Result<Restored> Worker::restore(uint64_t id) { return restore_to(id); }
+
+Result<Restored> Worker::start_fresh() { return restore_to(std::nullopt); }
+
+Result<Restored> Worker::restore_to(std::optional<uint64_t> id) {
+  if (options_.group.empty()) {
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "a restore is made by a group: set Options::group", "group"});
+  }
+  JsonWriter j;
+  j.begin_object().field("group", options_.group);
+  if (id) {
+    j.field("cut", *id);
+  } else {
+    j.field("fresh", true);
+  }
+  j.end_object();
+  auto reply = call_aside("restore", j.str(), false);
+  if (!reply) return tl::unexpected(reply.error());
+  auto restored = reply::restored(*reply, request_name("restore"));
+  if (!restored) return tl::unexpected(restored.error());
+  if (restored->restored && heartbeats_) {
+    std::lock_guard lock(heartbeats_->mu);
+    heartbeats_->held.clear();  // every lease out is void
+  }
+  std::lock_guard lock(group_mu_);
+  generation_ = restored->generation;
+  restore_required_ = false;
+  return restored;
+}
+
+uint64_t Worker::generation() const {
+  std::lock_guard lock(group_mu_);
+  return generation_;
+}
+
+bool Worker::restore_required() const {
+  std::lock_guard lock(group_mu_);
+  return restore_required_;
+}
+
+std::optional<uint64_t> Worker::latest_cut() const {
+  std::lock_guard lock(group_mu_);
+  return latest_cut_;
 }
 
 // Heartbeats go over their own connection, so they are never stuck behind a long poll.
@@ -618,7 +789,7 @@ void Worker::heartbeat_loop() {
   while (
       !heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
     JsonWriter j;
-    j.begin_object().field("worker", id_.load()).key("leases").begin_array();
+    wire::begin_request(j, id_.load(), options_.group).key("leases").begin_array();
     for (uint64_t lease : heartbeats_->held) j.value(lease);
     j.end_array().end_object();
     lock.unlock();

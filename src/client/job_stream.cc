@@ -55,6 +55,24 @@ std::vector<Completed> JobStream::outcomes() const {
   return outcomes_;
 }
 
+Result<void> JobStream::flush() {
+  std::unique_lock lock(mu_);
+  cv_.notify_all();
+  cv_.wait(lock, [this] { return (outbox_.empty() && sending_ == 0) || error_ || closed_; });
+  if (error_) return tl::unexpected(*error_);
+  if (!outbox_.empty()) {  // completions queued after close(): nothing sends them any more
+    return tl::unexpected(ClientError{0, "invalid_argument",
+                                      "the stream is closed: complete jobs through the worker",
+                                      {}});
+  }
+  return {};
+}
+
+Result<CutShareTaken> JobStream::give_cut_share(const CutShare& share) {
+  if (auto flushed = flush(); !flushed) return tl::unexpected(flushed.error());
+  return worker_.give_cut_share(share);
+}
+
 Result<void> JobStream::close() {
   std::vector<Job> unused;
   {
@@ -87,6 +105,7 @@ void JobStream::loop() {
     const size_t take = std::min<size_t>(outbox_.size(), 64);
     std::vector<std::pair<Job, Completion>> done(outbox_.begin(), outbox_.begin() + take);
     outbox_.erase(outbox_.begin(), outbox_.begin() + take);
+    sending_ = done.size();
     size_t need = closing_ || finished_ ? 0 : depth_ - std::min(depth_, ready_.size());
     if (waiting_) need = std::max<size_t>(need, 1);
     if (dry_ && !waiting_) need = 0;
@@ -98,7 +117,9 @@ void JobStream::loop() {
     bool wait_reply = false;
     if (!done.empty()) {
       JsonWriter j;
-      j.begin_object().field("worker", worker_.id_.load()).key("completions").begin_array();
+      wire::begin_request(j, worker_.id_.load(), worker_.options_.group)
+          .key("completions")
+          .begin_array();
       for (const auto& [job, c] : done) {
         worker_.drop(job.lease);
         wire::write_completion(j, job, c);
@@ -133,8 +154,7 @@ void JobStream::loop() {
     } else if (need > 0) {
       JsonWriter j;
       const auto wait = long_poll ? worker_.options_.long_poll : std::chrono::milliseconds(0);
-      j.begin_object()
-          .field("worker", worker_.id_.load())
+      wire::begin_request(j, worker_.id_.load(), worker_.options_.group)
           .field("wait_ms", wait.count())
           .field("request", next_request_id())
           .field("jobs", static_cast<uint64_t>(need))
@@ -153,6 +173,7 @@ void JobStream::loop() {
     }
 
     lock.lock();
+    sending_ = 0;
     if (!done.empty() && got && worker_.last_outcomes_.size() == done.size()) {
       outcomes_.insert(outcomes_.end(), worker_.last_outcomes_.begin(),
                        worker_.last_outcomes_.end());

@@ -63,6 +63,28 @@ class Reader {
     return v ? v->GetInt64() : 0;
   }
   bool has(const Value& o, const char* key) const { return o.HasMember(key); }
+  // Absent or null: nullopt.
+  std::optional<uint64_t> nullable_uint64(const Value& o, const std::string& path,
+                                          const char* key) {
+    const auto it = o.FindMember(key);
+    if (it == o.MemberEnd() || it->value.IsNull()) return std::nullopt;
+    return uint64(o, path, key);
+  }
+  // A list of unsigned 32-bit integers.
+  std::vector<uint32_t> uint32s(const Value& o, const std::string& path, const char* key) {
+    std::vector<uint32_t> out;
+    if (const Value* list = array(o, path, key)) {
+      for (const Value& v : list->GetArray()) {
+        if (!v.IsUint()) {
+          fail("has field '" + join(path, key) + "' that holds a value that is not an unsigned "
+               "32-bit integer");
+          break;
+        }
+        out.push_back(v.GetUint());
+      }
+    }
+    return out;
+  }
 
   static std::string join(const std::string& path, const std::string& key) {
     return path.empty() ? key : path + "." + key;
@@ -161,6 +183,32 @@ Completed read_completed(Reader& r, const Value& o, const std::string& path) {
   return c;
 }
 
+Cut read_cut(Reader& r, const Value& v, const std::string& path) {
+  Cut c;
+  c.id = r.uint64(v, path, "id");
+  c.group = r.string(v, path, "group");
+  c.seq = r.uint64(v, path, "seq");
+  c.generation = r.uint64(v, path, "generation");
+  c.complete = r.boolean(v, path, "complete");
+  c.world_size = r.uint32(v, path, "world_size");
+  c.ranks = r.uint32s(v, path, "ranks");
+  c.created_ago = std::chrono::milliseconds(r.int64(v, path, "created_ago_ms"));
+  if (const auto ago = r.nullable_uint64(v, path, "completed_ago_ms")) {
+    c.completed_ago = std::chrono::milliseconds(*ago);
+  }
+  if (r.ok() && c.complete) {
+    c.state = r.string(v, path, "state");
+    if (r.has(v, "epoch")) {
+      c.epoch = r.int64(v, path, "epoch");
+      c.set = r.string(v, path, "set");
+    }
+    c.jobs_done = r.uint64(v, path, "jobs_done");
+    c.partial_jobs = r.uint64(v, path, "partial_jobs");
+    c.partial_batches = r.uint64(v, path, "partial_batches");
+  }
+  return c;
+}
+
 }  // namespace
 
 Result<Registration> registration(const std::string& body, std::string_view what) {
@@ -176,6 +224,15 @@ Result<Registration> registration(const std::string& body, std::string_view what
         r.fail("has field 'heartbeat_interval_ms' that is not positive");
       }
     }
+    if (r.has(*top, "generation")) out.generation = r.uint64(*top, "", "generation");
+    if (r.has(*top, "group_state")) {
+      const std::string state = r.string(*top, "", "group_state");
+      if (r.ok() && state != "current" && state != "restore_required") {
+        r.fail("has field 'group_state' with the unknown value '" + state.substr(0, 64) + "'");
+      }
+      out.restore_required = state == "restore_required";
+    }
+    out.latest_cut = r.nullable_uint64(*top, "", "latest_cut");
   }
   if (!r.ok()) return tl::unexpected(r.error());
   return out;
@@ -213,6 +270,67 @@ Result<CompletionReply> completion(const std::string& body, bool listed, size_t 
       if (const Value* a = r.object(*top, "", "next"))
         out.next = read_acquired(r, *a, "next", listed);
     }
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<CutShareTaken> cut_share(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  CutShareTaken out;
+  if (top != nullptr) {
+    out.cut = r.uint64(*top, "", "cut");
+    out.complete = r.boolean(*top, "", "complete");
+    out.ranks = r.uint32s(*top, "", "ranks");
+    out.world_size = r.uint32(*top, "", "world_size");
+    out.generation = r.uint64(*top, "", "generation");
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<Cut> cut(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  Cut out;
+  if (top != nullptr) out = read_cut(r, *top, "");
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<CutList> cut_list(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  CutList out;
+  if (top != nullptr) {
+    out.keep = r.uint64(*top, "", "keep");
+    out.generation = r.uint64(*top, "", "generation");
+    const auto group = top->FindMember("group");
+    if (group == top->MemberEnd() || !group->value.IsNull()) out.group = r.string(*top, "", "group");
+    each_object(r, *top, "", "cuts", [&](const Value& v, const std::string& where) {
+      out.cuts.push_back(read_cut(r, v, where));
+    });
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<Restored> restored(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  Restored out;
+  if (top != nullptr) {
+    out.restored = r.boolean(*top, "", "restored");
+    out.cut = r.nullable_uint64(*top, "", "cut");
+    out.generation = r.uint64(*top, "", "generation");
+    out.withdrawn_jobs = r.uint64(*top, "", "withdrawn_jobs");
+    out.leases_voided = r.uint64(*top, "", "leases_voided");
+    out.state = r.string(*top, "", "state");
   }
   if (!r.ok()) return tl::unexpected(r.error());
   return out;

@@ -19,6 +19,9 @@ namespace traincoord::client::reply {
 struct Registration {
   uint32_t worker = 0;
   std::optional<int64_t> heartbeat_interval_ms;  // positive when present
+  uint64_t generation = 0;                       // 0 from a coordinator without groups
+  bool restore_required = false;                 // "group_state": "restore_required"
+  std::optional<uint64_t> latest_cut;            // "latest_cut": N (absent or null: none)
 };
 
 // An acquire's answer: the reply to POST .../acquire, or the "next" of a completion reply.
@@ -45,6 +48,13 @@ Result<Acquired> acquired(const std::string& body, bool listed, std::string_view
 // "counted"). `next`: the request had "next": true.
 Result<CompletionReply> completion(const std::string& body, bool listed, size_t sent, bool next,
                                    std::string_view what);
+
+// The replies of the checkpoint cuts: POST .../cuts, GET .../cuts/ID, GET .../cuts and
+// POST .../restore.
+Result<CutShareTaken> cut_share(const std::string& body, std::string_view what);
+Result<Cut> cut(const std::string& body, std::string_view what);
+Result<CutList> cut_list(const std::string& body, std::string_view what);
+Result<Restored> restored(const std::string& body, std::string_view what);
 
 // The error a reply with status `status` (not 2xx) carries: its {"error": {"code", "message",
 // "field"}}, or, when the body is not that, the code "http_STATUS" with the body as message.

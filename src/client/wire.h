@@ -6,6 +6,14 @@
 
 namespace traincoord::client::wire {
 
+// Opens the body of a worker's request: {"worker": W, and "group": G when it has one. The caller
+// writes the rest and closes the object.
+inline JsonWriter& begin_request(JsonWriter& j, uint32_t worker, const std::string& group) {
+  j.begin_object().field("worker", worker);
+  if (!group.empty()) j.field("group", group);
+  return j;
+}
+
 // One item of a "completions" list: {"lease": L, "loss": X, "samples": N, "metrics": {...}}.
 inline void write_completion(JsonWriter& j, const Job& job, const Completion& c) {
   j.begin_object().field("lease", job.lease).field("loss", c.loss).field("samples", c.samples);

@@ -39,6 +39,7 @@ std::vector<Change> one_change_per_field() {
       {"leases.max_attempts", [](RunConfig& c) { c.max_attempts += 1; }},
       {"leases.on_job_failure", [](RunConfig& c) { c.on_job_failure = JobFailurePolicy::kSkip; }},
       {"leases.history", [](RunConfig& c) { c.lease_history += 1; }},
+      {"cuts.keep", [](RunConfig& c) { c.keep_cuts += 1; }},
       {"early_stop.rule", [](RunConfig& c) { c.early_stop.kind = EarlyStopKind::kPatience; }},
       {"early_stop.window", [](RunConfig& c) { c.early_stop.window.window += 1; }},
       {"early_stop.mean_threshold", [](RunConfig& c) { c.early_stop.window.mean_threshold += 1; }},

@@ -1048,9 +1048,15 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
   }
   const uint64_t done_before = jobs_done();
   const uint64_t voided_before = counters_.leases_voided;
-  take_over(group, target, void_leases());
+  take_over(group, target, void_leases());  // (drops pending cuts: `cut` is found again below)
   uint64_t withdrawn = 0;
-  if (cut != nullptr) {
+  if (cut_id) {
+    // The cuts after it belong to the lineage the restore abandons: none of them is restored
+    // again, and they would push the cut restored out of the kept ones.
+    const uint64_t id = *cut_id;
+    cuts_.erase(std::remove_if(cuts_.begin(), cuts_.end(), [&](const Cut& c) { return c.id > id; }),
+                cuts_.end());
+    cut = find_cut(id);
     const RunProgress& p = cut->saved;
     withdrawn = done_before > cut->jobs_done ? done_before - cut->jobs_done : 0;
     state_ = p.state;
@@ -1069,7 +1075,7 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
   const uint64_t voided = counters_.leases_voided - voided_before;
   emit(EventKind::kRestored,
        "group " + std::string(group) + " restored " +
-           (cut ? "cut " + std::to_string(cut->id) : std::string("the ledger as it is (fresh)")) +
+           (cut_id ? "cut " + std::to_string(*cut_id) : std::string("the ledger as it is (fresh)")) +
            ": generation " + std::to_string(generation_) + ", " + std::to_string(withdrawn) +
            " completed jobs reopened, " + std::to_string(voided) + " leases voided; run " +
            std::string(run_state_name(state_)));
