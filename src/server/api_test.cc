@@ -603,3 +603,90 @@ TEST_F(ApiTest, EveryEndpointOfTheTableIsRoutedLabelledAndDocumented) {
 
 }  // namespace
 }  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+std::string code_of(const HttpReply& r) {
+  rapidjson::Document d;
+  d.Parse(r.body.c_str());
+  if (d.HasParseError() || !d.HasMember("error")) return "(none: " + r.body + ")";
+  return d["error"]["code"].GetString();
+}
+
+TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
+  auto w = json("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g1"})");
+  EXPECT_STREQ(w["group_state"].GetString(), "current");
+  EXPECT_EQ(w["generation"].GetUint64(), 1u);
+  EXPECT_TRUE(w["latest_cut"].IsNull());
+  auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1", "jobs": 2})");
+  ASSERT_STREQ(a["status"].GetString(), "job");
+  // Jobs of one batch: a share with a partly trained job is refused (nothing is partly
+  // trained), an empty share makes the cut.
+  const HttpReply whole = reply("POST", "/v1/runs/r/cuts",
+                                R"({"worker": 0, "group": "g1", "seq": 1, "parts": [
+                                    {"lease": 1, "batches": 1, "loss": 1, "samples": 1}]})");
+  EXPECT_EQ(whole.status, 400) << whole.body;
+  EXPECT_NE(whole.body.find("\"field\":\"parts\""), std::string::npos) << whole.body;
+  auto cut = json("POST", "/v1/runs/r/cuts", R"({"worker": 0, "group": "g1", "seq": 1})");
+  EXPECT_EQ(cut["cut"].GetUint64(), 1u);
+  EXPECT_TRUE(cut["complete"].GetBool());
+  json("POST", "/v1/runs/r/complete",
+       R"({"worker": 0, "group": "g1", "lease": 1, "loss": 2, "samples": 1})");
+
+  auto list = json("GET", "/v1/runs/r/cuts");
+  ASSERT_EQ(list["cuts"].Size(), 1u);
+  EXPECT_EQ(list["cuts"][0]["jobs_done"].GetUint64(), 0u);
+  EXPECT_EQ(json("GET", "/v1/runs/r/cuts/1")["id"].GetUint64(), 1u);
+  EXPECT_EQ(code_of(reply("GET", "/v1/runs/r/cuts/7")), "cut_not_found");
+  EXPECT_EQ(reply("GET", "/v1/runs/r/cuts/x").status, 400);
+
+  // A new group: registered, then refused until it restores.
+  auto w2 = json("POST", "/v1/runs/r/workers", R"({"name": "b", "group": "g2"})");
+  EXPECT_STREQ(w2["group_state"].GetString(), "restore_required");
+  EXPECT_EQ(w2["latest_cut"].GetUint64(), 1u);
+  const HttpReply refused = reply("POST", "/v1/runs/r/acquire", R"({"worker": 1, "group": "g2"})");
+  EXPECT_EQ(refused.status, 409);
+  EXPECT_EQ(code_of(refused), "restore_required");
+  EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2"})").status, 400);
+  EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})")
+                .status,
+            400);
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 5})")),
+            "cut_not_found");
+  auto restored = json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
+  EXPECT_TRUE(restored["restored"].GetBool());
+  EXPECT_EQ(restored["generation"].GetUint64(), 2u);
+  EXPECT_EQ(restored["withdrawn_jobs"].GetUint64(), 1u);
+  EXPECT_EQ(restored["leases_voided"].GetUint64(), 1u);
+  EXPECT_FALSE(json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"]
+                   .GetBool());
+  // The old group is refused everywhere, and nothing it sends is counted.
+  for (const char* action : {"acquire", "heartbeat", "complete", "release", "leave", "cuts"}) {
+    const std::string body =
+        std::string(action) == "complete"
+            ? R"({"worker": 0, "group": "g1", "lease": 2, "loss": 1, "samples": 1})"
+            : R"({"worker": 0, "group": "g1", "seq": 2, "leases": []})";
+    const HttpReply stale = reply("POST", std::string("/v1/runs/r/") + action, body);
+    EXPECT_EQ(stale.status, 409) << action << ": " << stale.body;
+    EXPECT_EQ(code_of(stale), "stale_generation") << action;
+  }
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g1"})")),
+            "stale_generation");
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["generation"].GetUint64(), 2u);
+  EXPECT_STREQ(status["group"].GetString(), "g2");
+  EXPECT_EQ(status["counters"]["restores"].GetUint64(), 1u);
+  EXPECT_EQ(status["counters"]["jobs_withdrawn"].GetUint64(), 1u);
+  EXPECT_EQ(status["cuts"]["latest"]["id"].GetUint64(), 1u);
+  EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
+  // The new group trains the withdrawn job again.
+  auto again = json("POST", "/v1/runs/r/acquire", R"({"worker": 1, "group": "g2"})");
+  EXPECT_EQ(again["job"]["index"].GetUint64(), 0u);
+  const std::string metrics = api_.metrics_text();
+  EXPECT_NE(metrics.find("traincoord_run_restores_total{run=\"r\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("traincoord_run_generation{run=\"r\"} 2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traincoord

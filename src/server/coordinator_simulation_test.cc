@@ -179,10 +179,10 @@ class Simulation {
       return;
     }
     if (!worker.id) {
-      send(w, "workers", R"({"name": ")" + worker.name + R"("})");
+      send(w, "workers", R"({"name": ")" + worker.name + R"(", "group": "g"})");
       return;
     }
-    const std::string me = R"({"worker": )" + std::to_string(*worker.id);
+    const std::string me = R"({"group": "g", "worker": )" + std::to_string(*worker.id);
     if (pick(60) == 0) {  // dies; its leases expire; it comes back later under its name
       worker.leases.clear();
       worker.id.reset();
@@ -193,7 +193,9 @@ class Simulation {
         pick(2) == 0 ? R"(, "wait_ms": )" + std::to_string(50 + pick(1500)) : std::string();
     const std::string jobs = pick(3) == 0 ? R"(, "jobs": 2)" : std::string();
     const std::string request = R"(, "request": )" + std::to_string(worker.next_request++);
-    if (worker.leases.empty()) {
+    if (pick(40) == 0) {  // a checkpoint cut of a group of one (journalled, replayed)
+      send(w, "cuts", me + R"(, "seq": )" + std::to_string(++cut_seq_) + R"(, "world_size": 1})");
+    } else if (worker.leases.empty()) {
       send(w, "acquire", me + wait + jobs + request + "}");
     } else if (pick(15) == 0) {
       send(w, "fail", me + R"(, "lease": )" + std::to_string(worker.leases.back()) + "}");
@@ -367,7 +369,7 @@ class Simulation {
   std::vector<Call> calls_;
   std::deque<Pending> pipeline_;
   std::string durable_state_;
-  uint64_t waves_ = 0, lives_ = 0, restarts_ = 0, accepted_ = 0;
+  uint64_t waves_ = 0, lives_ = 0, restarts_ = 0, accepted_ = 0, cut_seq_ = 0;
   bool delivering_ = false;
   std::set<JobKey> acknowledged_;
 };
