@@ -12,6 +12,13 @@
 //   }
 //   // job has no value: an error; *job == nullopt: the run is finished ((*worker)->finished()).
 //
+// Checkpoint cuts (docs/SEMANTICS.md, "Checkpoint cuts"): the ranks of one start of a training
+// job share a group (Options::group). When the trainer saves a checkpoint, every rank gives its
+// share of a cut (give_cut_share: the jobs it holds partly trained), and the checkpoint records
+// the cut's id once it is complete (wait_for_cut). A restarted group registers under a new group
+// and, when the run has cuts (restore_required()), restores the cut its checkpoint holds
+// (restore) or goes on from the ledger as it is (start_fresh) before it asks for jobs.
+//
 // Guarantees: every call has a timeout; a coordinator that is down or restarting is retried
 // with exponential backoff and jitter until `give_up_after`, then the call fails with a clear
 // error; leases are kept alive by a background heartbeat thread. Nothing blocks forever.
@@ -60,6 +67,11 @@ struct Options {
   std::string ca_file;
   std::string cert_file;
   std::string key_file;
+  // The group: one start of a training job, the same string on every rank of it, another on
+  // each restart (1 to 128 characters of A-Z a-z 0-9 . _ : / -). Sent with the registration
+  // and every request of the worker; the coordinator then refuses the requests of a group that
+  // was replaced (stale_generation). Empty: ungrouped (independent workers, never fenced).
+  std::string group;
 };
 
 struct ClientError {
@@ -79,6 +91,18 @@ inline constexpr std::string_view kRunNotFound = "run_not_found";  // 404: no su
 inline constexpr std::string_view kWorkerNotRegistered = "worker_not_registered";  // 404
 inline constexpr std::string_view kLeaseUnknown = "lease_unknown";     // 404: never issued
 inline constexpr std::string_view kLeaseNotYours = "lease_not_yours";  // 409
+// Groups and checkpoint cuts:
+// 409: this worker's group was replaced by a newer one; nothing it sends counts: stop.
+inline constexpr std::string_view kStaleGeneration = "stale_generation";
+// 409: a new group of a run that has cuts: restore() or start_fresh() before asking for jobs.
+inline constexpr std::string_view kRestoreRequired = "restore_required";
+inline constexpr std::string_view kLeaseNotHeld = "lease_not_held";  // 409: a cut part's lease
+inline constexpr std::string_view kCutMismatch = "cut_mismatch";     // 409: another world_size
+inline constexpr std::string_view kCutNotFound = "cut_not_found";    // 404
+inline constexpr std::string_view kCutIncomplete = "cut_incomplete";  // 409: restore of one
+inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // 409: see restore()
+inline constexpr std::string_view kRunCancelled = "run_cancelled";        // 409: see restore()
+inline constexpr std::string_view kCutTimeout = "cut_timeout";  // the client's own: wait_for_cut
 inline constexpr std::string_view kUnreachable = "unreachable";        // the client's own
 inline constexpr std::string_view kTls = "tls";                        // the client's own
 inline constexpr std::string_view kBadReply = "bad_reply";             // the client's own
@@ -116,6 +140,75 @@ struct Finished {
   std::string reason;
 };
 
+// A job this rank holds and trained part of, when it gives its share of a cut: the first
+// `batches` of the job's batches (1 <= batches < job.batches.size()) are in the model, with the
+// sample-weighted mean loss, sample count and metrics of those batches (as a completion of them
+// would carry them). A job trained whole is completed before the share, not listed; a job
+// fetched and not started is not listed either.
+struct CutPart {
+  uint64_t lease = 0;  // Job::lease
+  uint64_t batches = 0;
+  double loss = 0;  // NaN or infinity: none finite (sent as null)
+  uint64_t samples = 0;
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+// One rank's share of its group's seq-th cut.
+struct CutShare {
+  uint64_t seq = 0;  // this rank's seq-th cut in this group, from 1: every rank counts alike
+  uint32_t rank = 0;
+  uint32_t world_size = 1;  // the ranks of the group: the cut is complete once each gave its share
+  std::vector<CutPart> parts;
+};
+
+// The coordinator's answer to a share: the cut it belongs to and the ranks that gave theirs.
+struct CutShareTaken {
+  uint64_t cut = 0;
+  bool complete = false;
+  std::vector<uint32_t> ranks;
+  uint32_t world_size = 0;
+  uint64_t generation = 0;
+};
+
+// A checkpoint cut as the coordinator keeps it (GET /v1/runs/RUN/cuts/ID).
+struct Cut {
+  uint64_t id = 0;
+  std::string group;
+  uint64_t seq = 0;
+  uint64_t generation = 0;
+  bool complete = false;
+  uint32_t world_size = 0;
+  std::vector<uint32_t> ranks;  // the ranks that gave their share, sorted
+  std::chrono::milliseconds created_ago{0};
+  std::optional<std::chrono::milliseconds> completed_ago;  // set once complete
+  // Set once complete: the run as of the cut.
+  std::string state;             // the run's state then ("running", "early_stopped", ...)
+  std::optional<int64_t> epoch;  // the epoch in progress then (absent before the first one)
+  std::string set;               // its set, "train" or "dev" (empty without an epoch)
+  uint64_t jobs_done = 0;        // jobs completed whole
+  uint64_t partial_jobs = 0;     // jobs partly trained (their trained batches kept)
+  uint64_t partial_batches = 0;  // the trained batches of those
+};
+
+// The cuts a run keeps (GET /v1/runs/RUN/cuts): its last `keep` complete ones, and the
+// incomplete ones of its current group, oldest first.
+struct CutList {
+  uint64_t keep = 0;
+  uint64_t generation = 0;
+  std::string group;  // the run's current group; empty: none yet
+  std::vector<Cut> cuts;
+};
+
+// The answer to a restore (or a fresh start).
+struct Restored {
+  bool restored = false;        // false: the group had restored the same already (another rank)
+  std::optional<uint64_t> cut;  // nullopt: a fresh start from the ledger as it is
+  uint64_t generation = 0;
+  uint64_t withdrawn_jobs = 0;  // completed jobs reopened (their losses withdrawn)
+  uint64_t leases_voided = 0;
+  std::string state;  // the run's state after it ("running" for a run that runs again)
+};
+
 class Connection;
 
 class Worker {
@@ -149,6 +242,42 @@ class Worker {
   // Leaves the run: held jobs go back at once. The destructor does not leave.
   Result<void> leave();
 
+  // ---- checkpoint cuts (REQUIRES: Options::group set, except for cuts() and cut()) ----
+  // The methods below go over a connection of their own: they may be called while a JobStream
+  // of this worker is open (give its share through JobStream::give_cut_share, which sends the
+  // queued completions first).
+  //
+  // Gives this rank's share of a cut. Complete jobs first: a job trained whole and not
+  // completed is open again at the cut (trained twice after a restore). Giving the same share
+  // again is harmless. Fails with lease_not_held (a part's lease expired or was handed back),
+  // cut_mismatch (another rank gave another world_size for this seq), invalid_argument (a
+  // part's batches out of range, rank >= world_size), stale_generation, restore_required.
+  Result<CutShareTaken> give_cut_share(const CutShare& share);
+  // Waits (polling) until cut `id` is complete, for at most `timeout`; fails with cut_timeout
+  // naming the ranks that did not give their share, or cut_not_found.
+  Result<Cut> wait_for_cut(uint64_t id, std::chrono::milliseconds timeout);
+  // The run's cuts, and one of them (cut_not_found when the run does not keep it).
+  Result<CutList> cuts();
+  Result<Cut> cut(uint64_t id);
+  // This worker's group takes the run over from cut `id`: jobs completed after the cut are
+  // reopened (their losses withdrawn), its partly trained jobs keep their trained batches,
+  // epochs and early-stop decisions after it are undone, and every lease out is void. Every
+  // rank may call it: after the first, the same restore answers restored = false. Call it
+  // before asking for jobs. Fails with cut_not_found, cut_incomplete, stale_generation,
+  // restore_conflict (the group is already current and restored something else, or took the
+  // run over without a restore), run_cancelled.
+  Result<Restored> restore(uint64_t id);
+  // The same, going on from the ledger as it is (nothing withdrawn).
+  Result<Restored> start_fresh();
+
+  // What the coordinator said of the group: its generation (+ 1 for every group that took the
+  // run over), whether this group must restore before asking for jobs, and the run's latest
+  // complete cut. Updated by registrations, shares and restores.
+  uint64_t generation() const;
+  bool restore_required() const;
+  std::optional<uint64_t> latest_cut() const;
+  const std::string& group() const { return options_.group; }
+
   const std::optional<Finished>& finished() const { return finished_; }
   // How the last completion was taken.
   const Completed& last_completed() const { return last_completed_; }
@@ -163,6 +292,10 @@ class Worker {
   Result<void> register_worker();
   Result<std::string> call(const std::string& action, const std::string& body,
                            std::chrono::milliseconds extra_wait);
+  // A request over the side connection (the cut methods): POST `body` to .../ACTION, or GET it
+  // when `get`; retried as call() does.
+  Result<std::string> call_aside(const std::string& action, const std::string& body, bool get);
+  Result<Restored> restore_to(std::optional<uint64_t> id);
   Result<std::string> acquire(size_t jobs);  // one acquire; jobs > 0: "jobs": N
   Result<std::optional<Job>> take(const std::string& reply_json, bool nested);
   // nested: the reply of `sent` completions, with the jobs under "next".
@@ -177,6 +310,12 @@ class Worker {
   Options options_;
   std::shared_ptr<void> tls_;  // the TLS context (https), shared with the heartbeat connection
   std::unique_ptr<Connection> connection_;
+  std::mutex aside_mu_;  // the side connection (the cut methods), made on first use
+  std::unique_ptr<Connection> aside_;
+  mutable std::mutex group_mu_;  // what the coordinator said of the group
+  uint64_t generation_ = 0;
+  bool restore_required_ = false;
+  std::optional<uint64_t> latest_cut_;
   std::atomic<uint32_t> id_{0};  // read by the heartbeat thread; changes when re-registering
   std::chrono::milliseconds heartbeat_interval_{10'000};
   std::optional<Finished> finished_;
@@ -211,6 +350,12 @@ class JobStream {
   Result<std::optional<Job>> next();
   // Queues the job's completion and returns at once.
   void complete(const Job& job, const Completion& completion);
+  // Sends the queued completions and returns once the coordinator answered them (the first
+  // error the stream met, if any).
+  Result<void> flush();
+  // flush(), then the worker's give_cut_share(share): the jobs completed through the stream
+  // are counted before the cut.
+  Result<CutShareTaken> give_cut_share(const CutShare& share);
   // Hands back the jobs fetched ahead and not taken, sends the queued completions, stops the
   // thread. Idempotent; returns the first error the stream met.
   Result<void> close();
@@ -229,6 +374,7 @@ class JobStream {
   std::vector<std::pair<Job, Completion>> outbox_;
   std::vector<Completed> outcomes_;
   size_t in_flight_ = 0;
+  size_t sending_ = 0;  // completions taken from outbox_ whose request has not returned
   bool dry_ = false;      // the last acquire found no job right now
   bool waiting_ = false;  // the caller waits in next()
   bool finished_ = false;
