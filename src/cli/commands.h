@@ -35,6 +35,31 @@ inline constexpr int kInterrupted = 130;
 // for it: kRunNotFound for run_not_found, else kFailed.
 int report_client_error(const client::ClientError& e, const std::string& url);
 
+}  // namespace traincoord::cli
+
+#include "core/engine.h"
+#include "core/run_config.h"
+#include "server/server_clock.h"
+
+namespace traincoord {
+class Store;
+}
+
+namespace traincoord::cli {
+
+// A run config file as read: its path, text and parsed config.
+struct ConfigFile {
+  std::string path;
+  std::string text;
+  RunConfig config;
+};
+std::string join(const std::vector<std::string>& items);
+// A config file for a run the store already holds (serve, launch): the same config resumes it;
+// a changed one is refused naming the fields, or applied when `apply` and the fields allow it.
+// Returns 0, or the exit status after saying why on stderr.
+int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
+              bool apply);
+
 struct SimulateArgs {
   std::string config;
   int workers = 1;
@@ -90,9 +115,13 @@ void print_run_status(const std::string& status_json, std::ostream& out,
 struct LaunchArgs {
   int workers = 1;
   std::string config;
-  int max_restarts = 0;
+  int max_restarts = 0;  // restarts of the whole group of workers
+  double grace_s = 10;   // SIGTERM to SIGKILL when the group is stopped
   std::string data_dir;  // empty: in memory
   bool auth = false;     // tokens (kept in the data dir, or ./traincoord-tokens)
+  bool apply_config_changes = false;
+  std::string listen = "127.0.0.1:8470";  // taken when free, else a free loopback port
+  bool prefix_output = true;               // "[rankN]: " before each line of a worker's output
   std::vector<std::string> command;
 };
 // Exit status (exit_code): kOk when the run completed or stopped early and every worker exited

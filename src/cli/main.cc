@@ -196,8 +196,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   lch->add_option("--config", launch_args.config, "the run config (TOML)")->required();
   lch->add_option("--max-restarts", launch_args.max_restarts,
-                  "restarts of a worker that exits with an error")
+                  "restarts of the whole group of workers when one exits with an error (as "
+                  "torchrun's); each restart is a new group (TRAINCOORD_GROUP, "
+                  "TORCHELASTIC_RESTART_COUNT) that restores its checkpoint's cut")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
+  lch->add_option("--grace", launch_args.grace_s,
+                  "seconds between SIGTERM and SIGKILL when the group is stopped")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  lch->add_option("--listen", launch_args.listen,
+                  "the coordinator's address when free (else any free loopback port); the "
+                  "default is serve's, so that status and runs find it")
+      ->capture_default_str();
+  lch->add_flag("!--no-prefix", launch_args.prefix_output,
+                "do not prefix each line of a worker's output with [rankN]:");
+  lch->add_flag("--apply-config-changes", launch_args.apply_config_changes,
+                "with --data-dir holding the run: apply a changed config where allowed (see "
+                "serve)");
   lch->add_option("--data-dir", launch_args.data_dir,
                   "keep the run's state there (default: in memory)");
   lch->add_flag("--auth", launch_args.auth,

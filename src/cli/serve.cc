@@ -46,11 +46,7 @@ int fail(const std::string& message) {
   return exit_code::kUsage;
 }
 
-struct ConfigFile {
-  std::string path;
-  std::string text;
-  RunConfig config;
-};
+}  // namespace
 
 std::string join(const std::vector<std::string>& items) {
   std::string s;
@@ -62,6 +58,10 @@ std::string join(const std::vector<std::string>& items) {
 // is refused, or applied when asked and allowed.
 int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
               bool apply) {
+  auto fail = [](const std::string& message) {
+    std::cerr << "traincoord: " << message << "\n";
+    return exit_code::kUsage;
+  };
   const std::vector<std::string> changed = config_differences(run.config(), file.config);
   if (changed.empty()) return 0;
   const std::string where = "run " + file.config.name + " (" + file.path + ")";
@@ -69,8 +69,8 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
     return fail(where +
                 " was started with a different config; these fields differ: " + join(changed) +
                 ". Give the run a new name to start afresh, or pass --apply-config-changes "
-                "(it may change leases.timeout, leases.max_attempts, leases.on_job_failure and "
-                "early_stop.*)");
+                "(it may change leases.timeout, leases.max_attempts, leases.on_job_failure, "
+                "cuts.keep and early_stop.*)");
   }
   std::vector<std::string> fixed;
   for (const std::string& f : changed) {
@@ -94,7 +94,6 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   return 0;
 }
 
-}  // namespace
 
 int serve(const ServeArgs& args) {
   std::vector<std::string> paths = args.configs;

@@ -30,7 +30,9 @@ namespace {
 // The loss of one batch: a fixed function of where it is, so that the expected epoch losses
 // (and the early-stop decisions they lead to) are known whatever the schedule.
 double batch_loss(uint64_t config_seed, SetKind set, int64_t epoch, uint64_t batch) {
-  const double wobble = static_cast<double>((config_seed + batch * 7 + static_cast<uint64_t>(epoch) * 13) % 17) / 17.0;
+  const double wobble =
+      static_cast<double>((config_seed + batch * 7 + static_cast<uint64_t>(epoch) * 13) % 17) /
+      17.0;
   if (set == SetKind::kTrain) return 2.0 / static_cast<double>(epoch + 1) + 0.01 * wobble;
   return 1.0 + 0.3 * std::sin(static_cast<double>(epoch) + static_cast<double>(config_seed % 5)) +
          0.01 * wobble;
@@ -180,7 +182,8 @@ class CutWorld {
         const Held& h = r.jobs.front();
         parts.push_back(CutPart{h.job.lease, h.trained, report_of(h, h.trained)});
       }
-      auto share = run_->cut(r.worker, group_, seq_, rank, static_cast<uint32_t>(ranks_.size()), parts);
+      auto share =
+          run_->cut(r.worker, group_, seq_, rank, static_cast<uint32_t>(ranks_.size()), parts);
       ASSERT_TRUE(share) << share.error().message;
       last = *share;
     }

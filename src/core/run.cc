@@ -775,12 +775,12 @@ namespace {
 
 tl::unexpected<Error> stale_group(const std::string& run, std::string_view group,
                                   const std::string& current, uint64_t generation) {
-  return failed_precondition(
-      "group " + std::string(group) + " of run " + run +
-          " was replaced: the run is now at generation " + std::to_string(generation) +
-          (current.empty() ? std::string() : " (group " + current + ")") +
-          "; nothing this process sends is counted any more: stop it",
-      error_reason::kStaleGeneration);
+  return failed_precondition("group " + std::string(group) + " of run " + run +
+                                 " was replaced: the run is now at generation " +
+                                 std::to_string(generation) +
+                                 (current.empty() ? std::string() : " (group " + current + ")") +
+                                 "; nothing this process sends is counted any more: stop it",
+                             error_reason::kStaleGeneration);
 }
 
 }  // namespace
@@ -793,12 +793,14 @@ Result<void> Run::admit(std::string_view group) const {
         "group " + std::string(group) + " is new to run " + config_.name +
             ", which has checkpoint cuts (the latest: cut " + std::to_string(latest->id) +
             "): restore the cut your checkpoint holds (Phases.load_state_dict, or POST "
-            "/v1/runs/" + config_.name + "/restore {\"group\": ..., \"cut\": N}) or go on from "
+            "/v1/runs/" +
+            config_.name +
+            "/restore {\"group\": ..., \"cut\": N}) or go on from "
             "the ledger as it is ({\"fresh\": true}) before asking for jobs",
         error_reason::kRestoreRequired);
   }
-  return not_found("group " + std::string(group) + " has not registered with run " +
-                       config_.name + ": register its workers (with their group) first",
+  return not_found("group " + std::string(group) + " has not registered with run " + config_.name +
+                       ": register its workers (with their group) first",
                    error_reason::kWorkerNotRegistered);
 }
 
@@ -849,13 +851,14 @@ void Run::take_over(std::string_view group, std::string target, uint64_t voided)
   generation_ += 1;
   restored_ = std::move(target);
   // The shares of cuts the group before never completed can complete no more.
-  cuts_.erase(std::remove_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }),
-              cuts_.end());
+  cuts_.erase(
+      std::remove_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }),
+      cuts_.end());
   emit(EventKind::kGroupStarted,
        "group " + group_ + " took over at generation " + std::to_string(generation_) +
-           (before.empty() ? std::string()
-                           : " from group " + before + "; " + std::to_string(voided) +
-                                 " leases voided"));
+           (before.empty()
+                ? std::string()
+                : " from group " + before + "; " + std::to_string(voided) + " leases voided"));
 }
 
 RunProgress Run::save_progress() const {
@@ -905,22 +908,22 @@ void Run::complete_cut(Cut& cut) {
   cut.completed_at = clock_.now();
   counters_.cuts += 1;
   emit(EventKind::kCutTaken, "cut " + std::to_string(cut.id) + " of group " + cut.group + " (" +
-                                 std::to_string(cut.world_size) + " ranks): " +
-                                 std::to_string(cut.jobs_done) + " jobs done, " +
+                                 std::to_string(cut.world_size) +
+                                 " ranks): " + std::to_string(cut.jobs_done) + " jobs done, " +
                                  std::to_string(cut.partial_jobs) + " partly trained");
   // Keep the latest keep_cuts complete cuts.
   size_t complete = 0;
   for (const Cut& c : cuts_) complete += c.complete();
   while (complete > config_.keep_cuts) {
-    auto oldest = std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return c.complete(); });
+    auto oldest =
+        std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return c.complete(); });
     cuts_.erase(oldest);
     complete -= 1;
   }
 }
 
-Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t seq,
-                               uint32_t rank, uint32_t world_size,
-                               const std::vector<CutPart>& parts) {
+Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t seq, uint32_t rank,
+                               uint32_t world_size, const std::vector<CutPart>& parts) {
   expire_leases();
   auto w = worker_of(worker);
   if (!w) return tl::unexpected(w.error());
@@ -965,7 +968,8 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
     }
     for (size_t k = 0; k < i; ++k) {
       if (parts[k].lease == part.lease) {
-        return invalid_argument("parts", "lease " + std::to_string(part.lease) + " is listed twice");
+        return invalid_argument("parts",
+                                "lease " + std::to_string(part.lease) + " is listed twice");
       }
     }
     const Job job = job_of(part.lease);
@@ -983,7 +987,8 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
     size_t pending = 0;
     for (const Cut& c : cuts_) pending += !c.complete();
     if (pending >= kPendingCutsKept) {  // shares that never completed: drop the oldest
-      cuts_.erase(std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }));
+      cuts_.erase(
+          std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }));
     }
     Cut c;
     c.id = ++last_cut_;
@@ -1033,17 +1038,16 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
       for (const Cut& c : cuts_) {
         if (c.complete()) kept += (kept.empty() ? "" : ", ") + std::to_string(c.id);
       }
-      return not_found("run " + config_.name + " has no cut " + std::to_string(*cut_id) +
-                           (kept.empty() ? std::string(" (it has none)")
-                                         : " (it keeps cuts " + kept + ")"),
-                       error_reason::kCutNotFound);
+      return not_found(
+          "run " + config_.name + " has no cut " + std::to_string(*cut_id) +
+              (kept.empty() ? std::string(" (it has none)") : " (it keeps cuts " + kept + ")"),
+          error_reason::kCutNotFound);
     }
     if (!cut->complete()) {
-      return failed_precondition(
-          "cut " + std::to_string(*cut_id) + " is not complete: " +
-              std::to_string(cut->ranks.size()) + " of its " + std::to_string(cut->world_size) +
-              " ranks gave their share",
-          error_reason::kCutIncomplete);
+      return failed_precondition("cut " + std::to_string(*cut_id) + " is not complete: " +
+                                     std::to_string(cut->ranks.size()) + " of its " +
+                                     std::to_string(cut->world_size) + " ranks gave their share",
+                                 error_reason::kCutIncomplete);
     }
   }
   const uint64_t done_before = jobs_done();
@@ -1073,12 +1077,13 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
   counters_.restores += 1;
   counters_.jobs_withdrawn += withdrawn;
   const uint64_t voided = counters_.leases_voided - voided_before;
-  emit(EventKind::kRestored,
-       "group " + std::string(group) + " restored " +
-           (cut_id ? "cut " + std::to_string(*cut_id) : std::string("the ledger as it is (fresh)")) +
-           ": generation " + std::to_string(generation_) + ", " + std::to_string(withdrawn) +
-           " completed jobs reopened, " + std::to_string(voided) + " leases voided; run " +
-           std::string(run_state_name(state_)));
+  emit(
+      EventKind::kRestored,
+      "group " + std::string(group) + " restored " +
+          (cut_id ? "cut " + std::to_string(*cut_id) : std::string("the ledger as it is (fresh)")) +
+          ": generation " + std::to_string(generation_) + ", " + std::to_string(withdrawn) +
+          " completed jobs reopened, " + std::to_string(voided) + " leases voided; run " +
+          std::string(run_state_name(state_)));
   return Restored{true, cut_id, generation_, withdrawn, voided};
 }
 

@@ -106,7 +106,6 @@ std::optional<int64_t> load_optional(Reader& r) {
   return r.i64();
 }
 
-
 // The part of a run a cut saves, by reference: the run's own fields or a cut's RunProgress.
 struct ProgressRef {
   RunState state;
@@ -200,7 +199,6 @@ void encode_progress(Writer& w, const ProgressRef& p) {
     w.boolean(latest.has_value());
     if (latest) w.u64(*latest);
   }
-
 }
 
 void encode_completion(Writer& w, const Completion& c) {
@@ -418,7 +416,8 @@ std::string RunCodec::inconsistency(const Run& run) {
     const Epoch& e = run.epochs_[slot];
     for (const auto& [position, batches] : e.trained) {
       if (e.active.count(position) == 0) {
-        return "epoch slot " + std::to_string(slot) + " has a partly trained job that is not active";
+        return "epoch slot " + std::to_string(slot) +
+               " has a partly trained job that is not active";
       }
       if (batches == 0 ||
           batches >= job_batches(e.set_batches, run.plan_.batches_per_job, position).count) {
@@ -432,7 +431,8 @@ std::string RunCodec::inconsistency(const Run& run) {
     const std::string what = "cut " + std::to_string(cut.id);
     if (cut.id <= last_id || cut.id > run.last_cut_) return what + " out of order";
     last_id = cut.id;
-    if (cut.world_size == 0 || cut.ranks.size() > cut.world_size) return what + " has too many ranks";
+    if (cut.world_size == 0 || cut.ranks.size() > cut.world_size)
+      return what + " has too many ranks";
     for (size_t i = 0; i < cut.ranks.size(); ++i) {
       if (cut.ranks[i] >= cut.world_size || (i > 0 && cut.ranks[i] <= cut.ranks[i - 1])) {
         return what + " has ranks out of order";
@@ -566,8 +566,7 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     if (cut.complete()) {
       const RunProgress& p = cut.saved;
       encode_progress(w, ProgressRef{p.state, p.state_reason, p.early_stop, p.epochs, p.running,
-                                     p.dev_to_judge, p.next_epoch, p.next_is_dev,
-                                     p.latest_of_set});
+                                     p.dev_to_judge, p.next_epoch, p.next_is_dev, p.latest_of_set});
       w.u64(cut.jobs_done);
       w.u64(cut.partial_jobs);
       w.u64(cut.partial_batches);

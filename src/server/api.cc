@@ -966,8 +966,7 @@ constexpr Endpoint kEndpoints[] = {
     {"history", "GET", "/v1/runs/{run}/history", Access::kRun, &Api::Request::history},
     {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
     {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
-    {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat,
-     true},
+    {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat, true},
     {"leave", "POST", "/v1/runs/{run}/leave", Access::kRun, &Api::Request::leave, true},
     {"acquire", "POST", "/v1/runs/{run}/acquire", Access::kRun, &Api::Request::acquire, true},
     {"complete", "POST", "/v1/runs/{run}/complete", Access::kRun, &Api::Request::complete, true},
@@ -1289,8 +1288,7 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
   j.field("generation", r.run->generation());
   if (!group.empty()) {
     j.field("group", group);
-    j.field("group_state",
-            group_state == GroupState::kCurrent ? "current" : "restore_required");
+    j.field("group_state", group_state == GroupState::kCurrent ? "current" : "restore_required");
   }
   j.key("latest_cut");
   if (const Cut* latest = r.run->latest_cut()) {
@@ -1365,9 +1363,9 @@ Result<std::vector<CutPart>> read_cut_parts(Fields& body) {
     Result<Completion> completion = Completion{};
     if (lease && batches) completion = read_completion(fields);
     Result<void> unknown = completion ? fields.no_unknown_fields() : Result<void>{};
-    for (const Error* e : {lease ? nullptr : &lease.error(), batches ? nullptr : &batches.error(),
-                           completion ? nullptr : &completion.error(),
-                           unknown ? nullptr : &unknown.error()}) {
+    for (const Error* e :
+         {lease ? nullptr : &lease.error(), batches ? nullptr : &batches.error(),
+          completion ? nullptr : &completion.error(), unknown ? nullptr : &unknown.error()}) {
       if (e) return invalid_argument(where + "." + e->field, where + ": " + e->message);
     }
     parts.push_back(CutPart{*lease, *batches, std::move(*completion)});
