@@ -5,6 +5,7 @@
 #include <ctime>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,13 +20,46 @@ namespace traincoord::cli {
 
 namespace {
 
+using rapidjson::Value;
+
+// Checked reads of a reply: a member that is missing, or of another type than expected, reads
+// as absent ("-"), never as undefined behaviour (a coordinator of another version, a reply cut
+// short). at() of a value that is not an object is absent too, so reads chain.
+const Value& at(const Value& o, const char* key) {
+  static const Value kAbsent;
+  if (!o.IsObject()) return kAbsent;
+  const auto it = o.FindMember(key);
+  return it == o.MemberEnd() ? kAbsent : it->value;
+}
+
+// The items of a list; none when `v` is not one.
+Value::ConstArray items(const Value& v) {
+  static const Value kEmpty(rapidjson::kArrayType);
+  return v.IsArray() ? v.GetArray() : kEmpty.GetArray();
+}
+
+std::optional<int64_t> int_of(const Value& v) {
+  return v.IsInt64() ? std::optional<int64_t>(v.GetInt64()) : std::nullopt;
+}
+std::optional<uint64_t> uint_of(const Value& v) {
+  return v.IsUint64() ? std::optional<uint64_t>(v.GetUint64()) : std::nullopt;
+}
+bool flag(const Value& v) { return v.IsBool() && v.GetBool(); }
+
+// A whole number as printed, "-" when absent.
+std::string count(const Value& v) {
+  if (v.IsUint64()) return std::to_string(v.GetUint64());
+  if (v.IsInt64()) return std::to_string(v.GetInt64());
+  return "-";
+}
+
 // A string of the coordinator's reply, as it may be printed (terminal_text.h).
-std::string text(const rapidjson::Value& v) {
+std::string text(const Value& v) {
   if (!v.IsString()) return "-";
   return terminal_safe(std::string_view(v.GetString(), v.GetStringLength()));
 }
 
-std::string num(const rapidjson::Value& v, const char* fmt = "%.4f") {
+std::string num(const Value& v, const char* fmt = "%.4f") {
   if (!v.IsNumber()) return "-";
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, v.GetDouble());
@@ -50,36 +84,87 @@ std::string local_date(int64_t wall_now_ms, double ago_ms) {
   return buf;
 }
 
-void render_run(const rapidjson::Document& r, std::ostream& out,
-                std::optional<int64_t> wall_now_ms) {
-  const auto& plan = r["plan"];
-  const auto& progress = r["progress"];
-  out << "run " << text(r["run"]) << ": " << text(r["state"]);
-  if (r["reason"].GetStringLength() > 0) out << " (" << text(r["reason"]) << ")";
-  out << "\n";
-  out << "epochs " << plan["start_epoch"].GetInt64() << " .. " << plan["target_epoch"].GetInt64()
-      << ", " << plan["train_jobs_per_epoch"].GetUint64() << " train jobs and "
-      << plan["dev_jobs_per_epoch"].GetUint64() << " dev jobs per epoch, "
-      << plan["batches_per_job"].GetUint64() << " batches per job\n\n";
-
-  const auto& current = r["current"];
-  if (current.IsObject()) {
-    const uint64_t done = current["done"].GetUint64() + current["failed"].GetUint64();
-    const uint64_t jobs = current["jobs"].GetUint64();
-    out << text(current["set"]) << " epoch " << current["epoch"].GetInt64() << "  "
-        << progress_bar(done, jobs, 30) << " " << done << "/" << jobs << " jobs, "
-        << current["running"].GetUint64() << " running\n";
+// When something happened `ago` (a reply's *_ago_ms): "12.5 s ago", "0:03:20 ago", or the local
+// date with `wall_now_ms`; "-" when absent.
+std::string when(const Value& ago, std::optional<int64_t> wall_now_ms) {
+  if (!ago.IsNumber()) return "-";
+  const double ms = ago.GetDouble();
+  if (wall_now_ms) return local_date(*wall_now_ms, ms);
+  char buf[48];
+  if (ms < 60'000) {
+    std::snprintf(buf, sizeof buf, "%.1f s ago", ms / 1000.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%s ago", duration(ms / 1000.0).c_str());
   }
-  out << "run: " << progress["jobs_done"].GetUint64() << "/" << progress["jobs_planned"].GetUint64()
-      << " jobs, " << num(progress["jobs_per_s"], "%.1f") << " jobs/s, ETA "
-      << (progress["eta_s"].IsNumber() ? duration(progress["eta_s"].GetDouble()) : "-") << "\n\n";
+  return buf;
+}
+
+// The group and its generation, the latest checkpoint cut and the counters of cuts (docs/CLI.md).
+void render_cuts(const Value& r, std::ostream& out, std::optional<int64_t> wall_now_ms) {
+  const Value& group = at(r, "group");
+  const Value& cuts = at(r, "cuts");
+  const Value& counters = at(r, "counters");
+  out << "group " << (group.IsString() ? text(group) : std::string("none")) << ", generation "
+      << count(at(r, "generation")) << "\n";
+  out << "cuts: " << count(at(cuts, "count")) << " kept (keeps the last "
+      << count(at(cuts, "keep")) << "); latest: ";
+  const Value& latest = at(cuts, "latest");
+  if (latest.IsObject()) {
+    out << "cut " << count(at(latest, "id"));
+    if (int_of(at(latest, "epoch"))) {
+      out << ", " << text(at(latest, "set")) << " epoch " << count(at(latest, "epoch"));
+    }
+    out << ", " << count(at(latest, "jobs_done")) << " jobs done, "
+        << count(at(latest, "partial_jobs")) << " partly trained ("
+        << count(at(latest, "partial_batches")) << " batches), "
+        << when(at(latest, "completed_ago_ms"), wall_now_ms);
+  } else {
+    out << "none";
+  }
+  out << "\n";
+  out << "cuts taken " << count(at(counters, "cuts")) << ", restores "
+      << count(at(counters, "restores")) << ", jobs withdrawn "
+      << count(at(counters, "jobs_withdrawn")) << ", leases voided "
+      << count(at(counters, "leases_voided")) << "\n\n";
+}
+
+void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_now_ms) {
+  const Value& plan = at(r, "plan");
+  const Value& progress = at(r, "progress");
+  out << "run " << text(at(r, "run")) << ": " << text(at(r, "state"));
+  if (const Value& reason = at(r, "reason"); reason.IsString() && reason.GetStringLength() > 0) {
+    out << " (" << text(reason) << ")";
+  }
+  out << "\n";
+  out << "epochs " << count(at(plan, "start_epoch")) << " .. " << count(at(plan, "target_epoch"))
+      << ", " << count(at(plan, "train_jobs_per_epoch")) << " train jobs and "
+      << count(at(plan, "dev_jobs_per_epoch")) << " dev jobs per epoch, "
+      << count(at(plan, "batches_per_job")) << " batches per job\n\n";
+
+  const Value& current = at(r, "current");
+  if (current.IsObject()) {
+    const uint64_t done =
+        uint_of(at(current, "done")).value_or(0) + uint_of(at(current, "failed")).value_or(0);
+    const uint64_t jobs = uint_of(at(current, "jobs")).value_or(0);
+    out << text(at(current, "set")) << " epoch " << count(at(current, "epoch")) << "  "
+        << progress_bar(done, jobs, 30) << " " << done << "/" << jobs << " jobs, "
+        << count(at(current, "running")) << " running\n";
+  }
+  out << "run: " << count(at(progress, "jobs_done")) << "/" << count(at(progress, "jobs_planned"))
+      << " jobs, " << num(at(progress, "jobs_per_s"), "%.1f") << " jobs/s, ETA "
+      << (at(progress, "eta_s").IsNumber() ? duration(at(progress, "eta_s").GetDouble()) : "-")
+      << "\n\n";
+
+  render_cuts(r, out, wall_now_ms);
 
   out << "epoch  train loss  dev loss\n";
   std::map<int64_t, std::pair<std::string, std::string>> losses;
-  for (const auto& e : r["epochs"].GetArray()) {
-    auto& row = losses[e["epoch"].GetInt64()];
-    const std::string v = e["closed"].GetBool() ? num(e["loss"]) : "running";
-    (std::string(e["set"].GetString()) == "train" ? row.first : row.second) = v;
+  for (const Value& e : items(at(r, "epochs"))) {
+    const auto epoch = int_of(at(e, "epoch"));
+    if (!epoch) continue;
+    auto& row = losses[*epoch];
+    const std::string v = flag(at(e, "closed")) ? num(at(e, "loss")) : "running";
+    (text(at(e, "set")) == "train" ? row.first : row.second) = v;
   }
   for (const auto& [epoch, row] : losses) {
     char line[128];
@@ -89,41 +174,36 @@ void render_run(const rapidjson::Document& r, std::ostream& out,
     out << line;
   }
 
-  const auto& es = r["early_stop"];
-  out << "\nearly stop: " << text(es["rule"]);
-  if (es["best_epoch"].IsInt64()) {
-    out << ", best epoch " << es["best_epoch"].GetInt64() << " (" << text(es["monitor"]) << " "
-        << num(es["best_value"]) << ")";
+  const Value& es = at(r, "early_stop");
+  out << "\nearly stop: " << text(at(es, "rule"));
+  if (int_of(at(es, "best_epoch"))) {
+    out << ", best epoch " << count(at(es, "best_epoch")) << " (" << text(at(es, "monitor"))
+        << " " << num(at(es, "best_value")) << ")";
   }
-  if (es["stopped"].GetBool()) out << ", stopped: " << text(es["reason"]);
+  if (flag(at(es, "stopped"))) out << ", stopped: " << text(at(es, "reason"));
   out << "\n\n";
 
+  const auto workers = items(at(r, "workers"));
   uint64_t active = 0;
-  for (const auto& w : r["workers"].GetArray()) active += w["active"].GetBool() ? 1 : 0;
-  out << "workers: " << active << " active of " << r["workers"].Size() << "\n";
+  for (const Value& w : workers) active += flag(at(w, "active")) ? 1 : 0;
+  out << "workers: " << active << " active of " << workers.Size() << "\n";
   out << "  name                      jobs  leases  last seen\n";
-  for (const auto& w : r["workers"].GetArray()) {
-    const double ago_ms = w["last_seen_ago_ms"].GetDouble();
-    char seen[48];
-    if (wall_now_ms) {
-      std::snprintf(seen, sizeof seen, "%s", local_date(*wall_now_ms, ago_ms).c_str());
-    } else {
-      std::snprintf(seen, sizeof seen, "%.1f s ago", ago_ms / 1000.0);
-    }
-    char line[200];
-    std::snprintf(line, sizeof line, "  %-24s %5llu  %6u  %s%s\n", text(w["name"]).c_str(),
-                  static_cast<unsigned long long>(w["jobs_done"].GetUint64()), w["leases"].Size(),
-                  seen, w["active"].GetBool() ? "" : " (left)");
+  for (const Value& w : workers) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-24s %5s  %6u  %s%s\n", text(at(w, "name")).c_str(),
+                  count(at(w, "jobs_done")).c_str(), items(at(w, "leases")).Size(),
+                  when(at(w, "last_seen_ago_ms"), wall_now_ms).c_str(),
+                  flag(at(w, "active")) ? "" : " (left)");
     out << line;
   }
-  const auto& events = r["events"].GetArray();
+  const auto events = items(at(r, "events"));
   if (!events.Empty()) {
     out << "\nrecent events:\n";
     const rapidjson::SizeType from = events.Size() > 5 ? events.Size() - 5 : 0;
     for (rapidjson::SizeType i = from; i < events.Size(); ++i) {
       out << "  ";
-      if (wall_now_ms) out << local_date(*wall_now_ms, events[i]["ago_ms"].GetDouble()) << "  ";
-      out << text(events[i]["kind"]) << ": " << text(events[i]["text"]) << "\n";
+      if (wall_now_ms) out << when(at(events[i], "ago_ms"), wall_now_ms) << "  ";
+      out << text(at(events[i], "kind")) << ": " << text(at(events[i], "text")) << "\n";
     }
   }
 }
@@ -134,10 +214,13 @@ void print_run_status(const std::string& status_json, std::ostream& out,
                       std::optional<int64_t> wall_now_ms) {
   rapidjson::Document d;
   d.Parse(status_json.c_str());
+  if (d.HasParseError() || !d.IsObject()) {
+    out << "the run's status is not a JSON object: " << terminal_safe(status_json.substr(0, 200))
+        << "\n";
+    return;
+  }
   render_run(d, out, wall_now_ms);
 }
-
-namespace {}  // namespace
 
 int report_client_error(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";
@@ -154,16 +237,14 @@ int runs(const StatusArgs& args) {
   rapidjson::Document d;
   d.Parse(body->c_str());
   std::printf("%-24s %-14s %7s %14s %8s\n", "RUN", "STATE", "EPOCH", "JOBS", "WORKERS");
-  for (const auto& r : d["runs"].GetArray()) {
-    const std::string epoch = r["epoch"].IsInt64()
-                                  ? std::to_string(r["epoch"].GetInt64()) + "/" +
-                                        std::to_string(r["target_epoch"].GetInt64())
+  for (const Value& r : items(at(d, "runs"))) {
+    const std::string epoch = int_of(at(r, "epoch"))
+                                  ? count(at(r, "epoch")) + "/" + count(at(r, "target_epoch"))
                                   : "-";
-    const std::string jobs = std::to_string(r["jobs_done"].GetUint64()) + "/" +
-                             std::to_string(r["jobs_planned"].GetUint64());
-    std::printf("%-24s %-14s %7s %14s %8llu\n", text(r["run"]).c_str(), text(r["state"]).c_str(),
-                epoch.c_str(), jobs.c_str(),
-                static_cast<unsigned long long>(r["workers_active"].GetUint64()));
+    const std::string jobs = count(at(r, "jobs_done")) + "/" + count(at(r, "jobs_planned"));
+    std::printf("%-24s %-14s %7s %14s %8s\n", text(at(r, "run")).c_str(),
+                text(at(r, "state")).c_str(), epoch.c_str(), jobs.c_str(),
+                count(at(r, "workers_active")).c_str());
   }
   return 0;
 }
@@ -175,16 +256,22 @@ int status(const StatusArgs& args) {
     if (!list) return report_client_error(list.error(), args.url);
     rapidjson::Document d;
     d.Parse(list->c_str());
-    if (d["runs"].Size() != 1) {
-      if (d["runs"].Empty()) {
+    const auto listed = items(at(d, "runs"));
+    if (listed.Size() != 1) {
+      if (listed.Empty()) {
         std::cout << "no runs on " << args.url << "\n";
         return 0;
       }
-      std::cerr << "traincoord: " << args.url << " serves " << d["runs"].Size()
+      std::cerr << "traincoord: " << args.url << " serves " << listed.Size()
                 << " runs; name one (traincoord runs lists them)\n";
       return exit_code::kUsage;
     }
-    run = d["runs"][0]["run"].GetString();
+    const Value& name = at(listed[0], "run");
+    if (!name.IsString()) {
+      std::cerr << "traincoord: " << args.url << " lists a run without a name\n";
+      return exit_code::kFailed;
+    }
+    run = name.GetString();
   }
   while (true) {
     auto body = client::get(args.url, "/v1/runs/" + run);
@@ -199,7 +286,7 @@ int status(const StatusArgs& args) {
     print_run_status(*body, out);
     if (args.watch) std::cout << "\x1b[H\x1b[2J";  // home, clear screen
     std::cout << out.str() << std::flush;
-    if (!args.watch || std::string(d["state"].GetString()) != "running") return 0;
+    if (!args.watch || text(at(d, "state")) != "running") return 0;
     std::this_thread::sleep_for(
         std::chrono::milliseconds(static_cast<int64_t>(args.interval_s * 1000)));
   }
