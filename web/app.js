@@ -210,6 +210,46 @@ function drawWorkers(workers) {
     `<td>${jobs}</td><td>${fmt(total, 1)}</td><td></td><td>${leases} leases</td></tr>`;
 }
 
+// Checkpoint cuts (docs/SEMANTICS.md): the group that trains now and its generation, the latest
+// complete cut, and what restores did. A field the coordinator does not send shows as "–".
+function drawCuts(status) {
+  const cuts = status.cuts || {};
+  const counters = status.counters || {};
+  const latest = cuts.latest || null;
+  const el = $("cuts");
+  const n = (v) => (v === null || v === undefined ? "–" : text(v));
+  el.dataset.generation = n(status.generation);
+  el.dataset.group = status.group ?? "";
+  el.dataset.count = n(cuts.count);
+  el.dataset.latest = latest ? String(latest.id) : "";
+  el.dataset.restores = n(counters.restores);
+  el.dataset.withdrawn = n(counters.jobs_withdrawn);
+  const latestText = !latest ? "none yet" :
+    `<b>cut ${n(latest.id)}</b>` +
+    (latest.epoch !== undefined ? ` at ${text(latest.set)} epoch ${n(latest.epoch)}` : "") +
+    `: ${n(latest.jobs_done)} jobs done, ${n(latest.partial_jobs)} partly trained` +
+    ` (${n(latest.partial_batches)} batches)` +
+    (typeof latest.completed_ago_ms === "number" ? `, ${fmt(latest.completed_ago_ms / 1000, 1)} s ago` : "");
+  el.innerHTML = `<dl class="facts">` +
+    `<dt>group</dt><dd id="cuts-group">${status.group ? text(status.group) : "none"}` +
+    ` <span class="muted">(generation ${n(status.generation)})</span></dd>` +
+    `<dt>cuts kept</dt><dd id="cuts-count">${n(cuts.count)} <span class="muted">(keeps the last ${n(cuts.keep)}; ${n(counters.cuts)} taken)</span></dd>` +
+    `<dt>latest cut</dt><dd id="cuts-latest">${latestText}</dd>` +
+    `<dt>restores</dt><dd id="cuts-restores">${n(counters.restores)}</dd>` +
+    `<dt>jobs withdrawn</dt><dd id="cuts-withdrawn">${n(counters.jobs_withdrawn)}` +
+    ` <span class="muted">(${n(counters.leases_voided)} leases voided)</span></dd></dl>`;
+}
+
+// The events of checkpoint cuts stand out from the others (a coloured mark per kind).
+const CHECKPOINT_EVENTS = new Set(["cut_taken", "restored", "group_started"]);
+
+function drawEvents(events) {
+  $("events").innerHTML = events.slice(-12).reverse().map((e) =>
+    `<tr class="event${CHECKPOINT_EVENTS.has(e.kind) ? " checkpoint" : ""}" data-kind="${text(e.kind)}">` +
+    `<td class="muted">${fmt(e.ago_ms / 1000, 1)} s ago</td><td class="kind">${text(e.kind)}</td>` +
+    `<td>${text(e.text)}</td></tr>`).join("");
+}
+
 function draw(status, history) {
   $("title").innerHTML = `run <b>${text(status.run)}</b> — <span class="state">${text(status.state)}</span>` +
     (status.reason ? ` <span class="muted">(${text(status.reason)})</span>` : "");
@@ -230,8 +270,8 @@ function draw(status, history) {
     (es.best_epoch !== null ? `best epoch <b>${es.best_epoch}</b> (${fmt(es.best_value)}), ` : "") +
     `wait ${es.wait}` + (es.stopped ? `; <b>stopped</b>: ${text(es.reason)}` : "");
   drawWorkers(status.workers);
-  $("events").innerHTML = status.events.slice(-12).reverse().map((e) =>
-    `<tr><td class="muted">${fmt(e.ago_ms / 1000, 1)} s ago</td><td>${text(e.kind)}</td><td>${text(e.text)}</td></tr>`).join("");
+  drawCuts(status);
+  drawEvents(status.events);
   drawEpochs(history, status);
   drawJobs(history, c);
 }

@@ -3,7 +3,8 @@
 // advances, the loss curve gains points as epochs close, each worker's rate matches what the
 // server counted over the same time, the epoch axis has whole ticks, the loss axis turns
 // logarithmic, each reported metric has its chart with the server's values, the best epoch is
-// marked, and 1,002 workers make a table of 20 and a summary row. Saves a screenshot.
+// marked, 1,002 workers make a table of 20 and a summary row, and a checkpoint cut and its
+// restore by a new group show in the cuts panel and stand out in the events. Saves a screenshot.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -174,6 +175,52 @@ test("the dashboard shows the run live: progress advances and the loss curve gro
     const names = await page.$$eval("tr.worker", (rows) => rows.map((r) => r.dataset.name));
     assert.deepEqual(names.slice(0, 2).sort(), ["w1", "w2"], `the busiest first: ${names}`);
     assert.match(await page.textContent("tr.summary"), /all 1002 \(\d+ active\); 982 more not shown/);
+
+    // Checkpoint cuts: before any, the panel says so.
+    assert.equal(await page.getAttribute("#cuts", "data-latest"), "");
+    assert.match(await page.textContent("#cuts-latest"), /none yet/);
+    assert.match(await page.textContent("#cuts-group"), /^none \(generation 0\)/);
+    // A group of one rank takes a cut while the workers train on, then stops; a restarted group
+    // restores the cut (the jobs completed after it are withdrawn).
+    const rank = await api("/v1/runs/dash/workers", { name: "rank-0", group: "dash-1" });
+    assert.equal(rank.group_state, "current");
+    const share = await api("/v1/runs/dash/cuts",
+      { worker: rank.worker, group: "dash-1", seq: 1, rank: 0, world_size: 1, parts: [] });
+    assert.equal(share.complete, true);
+    const atCut = await jobsDone();
+    await until("jobs done after the cut", async () => {
+      const s = await api("/v1/runs/dash");
+      return s.state !== "running" || s.progress.jobs_done >= atCut + 3;
+    });
+    for (const c of children.slice(1)) c.kill("SIGKILL");  // the workers: no more events
+    const again = await api("/v1/runs/dash/workers", { name: "rank-0b", group: "dash-2" });
+    assert.equal(again.group_state, "restore_required");
+    assert.equal(again.latest_cut, share.cut);
+    const restored = await api("/v1/runs/dash/restore", { group: "dash-2", cut: share.cut });
+    assert.equal(restored.restored, true);
+    await until("the restore shown", async () =>
+      (await page.getAttribute("#cuts", "data-restores")) === "1");
+    const after = await api("/v1/runs/dash");
+    const panel = await page.evaluate(() => ({ ...document.getElementById("cuts").dataset }));
+    assert.deepEqual(panel, {
+      generation: String(after.generation), group: "dash-2", count: String(after.cuts.count),
+      latest: String(share.cut), restores: "1", withdrawn: String(after.counters.jobs_withdrawn),
+    });
+    assert.equal(after.generation, 2);
+    assert.equal(after.counters.jobs_withdrawn, restored.withdrawn_jobs);
+    assert.match(await page.textContent("#cuts-group"), /^dash-2 \(generation 2\)/);
+    const latestText = await page.textContent("#cuts-latest");
+    assert.match(latestText, new RegExp(`^cut ${share.cut} at ${after.cuts.latest.set} epoch ` +
+      `${after.cuts.latest.epoch}: ${after.cuts.latest.jobs_done} jobs done, 0 partly trained`));
+    assert.match(await page.textContent("#cuts-withdrawn"), new RegExp(`^${restored.withdrawn_jobs} `));
+    // The events of cuts are marked apart from the others, each kind in its own colour.
+    const checkpointRows = await page.$$eval("#events tr.checkpoint", (rows) => rows.map((r) =>
+      ({ kind: r.dataset.kind, color: getComputedStyle(r.querySelector(".kind")).color })));
+    const kinds = new Set(checkpointRows.map((m) => m.kind));
+    for (const k of ["cut_taken", "restored", "group_started"]) assert.ok(kinds.has(k), `${k} marked: ${JSON.stringify(checkpointRows)}`);
+    const colors = new Map(checkpointRows.map((m) => [m.kind, m.color]));
+    assert.equal(new Set(colors.values()).size, 3, `a colour per kind: ${JSON.stringify([...colors])}`);
+    assert.equal(await page.locator("#events tr.checkpoint[data-kind=worker_joined]").count(), 0);
 
     const artifacts = process.env.ARTIFACT_DIR || dir;
     mkdirSync(artifacts, { recursive: true });
