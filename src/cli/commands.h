@@ -113,8 +113,16 @@ void print_run_status(const std::string& status_json, std::ostream& out,
                       std::optional<int64_t> wall_now_ms = std::nullopt);
 
 struct LaunchArgs {
-  int workers = 1;
-  std::string config;
+  int workers = 1;     // processes on this node (--nproc-per-node)
+  std::string config;  // a coordinator in this process (one node) ...
+  std::string url;     // ... or the coordinator at this url (several nodes), with:
+  std::string run;
+  std::string nnodes = "1";           // MIN[:MAX] nodes
+  std::string node;                   // this node's name (default: the host name; node0)
+  std::string node_addr = "127.0.0.1";  // where other nodes reach this one (MASTER_ADDR)
+  double settle_s = 5;                // with MIN < MAX: later joins awaited after MIN joined
+  double node_timeout_s = 15;         // an agent not heard of for this long is lost
+  int rdzv_timeout_s = 120;           // the coordinator unreachable this long: give up
   int max_restarts = 0;  // restarts of the whole group of workers
   double grace_s = 10;   // SIGTERM to SIGKILL when the group is stopped
   std::string data_dir;  // empty: in memory

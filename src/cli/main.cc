@@ -189,16 +189,42 @@ int main(int argc, char** argv) {
   LaunchArgs launch_args;
   CLI::App* lch = app.add_subcommand(
       "launch",
-      "Start a coordinator and N worker processes: launch --workers N --config RUN.toml "
-      "-- python3 train.py ARGS");
-  lch->add_option("--workers", launch_args.workers, "worker processes")
+      "Start N worker processes on this node, restarted as a whole group when one fails: with "
+      "--config, a coordinator in this process; with --url --run, one agent per node meeting "
+      "at a coordinator (docs/LAUNCH.md)");
+  lch->add_option("--workers,--nproc-per-node", launch_args.workers, "worker processes on this node")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  lch->add_option("--config", launch_args.config, "the run config (TOML)")->required();
+  lch->add_option("--config", launch_args.config,
+                  "the run config (TOML): a coordinator in this process");
+  lch->add_option("--url", launch_args.url,
+                  "the coordinator the agents of every node meet at (traincoord serve)");
+  lch->add_option("--run", launch_args.run, "with --url: the run to train");
+  lch->add_option("--nnodes", launch_args.nnodes,
+                  "MIN[:MAX] nodes: the group forms with at least MIN, at most MAX")
+      ->capture_default_str();
+  lch->add_option("--node", launch_args.node,
+                  "this node's name in the rendezvous (default: the host name; node0 alone)");
+  lch->add_option("--node-addr", launch_args.node_addr,
+                  "the address other nodes reach this one at (MASTER_ADDR when it is node rank 0)")
+      ->capture_default_str();
+  lch->add_option("--settle", launch_args.settle_s,
+                  "seconds later nodes are awaited once MIN joined (MIN < MAX)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  lch->add_option("--node-timeout", launch_args.node_timeout_s,
+                  "seconds without a heartbeat after which a node's agent is lost")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  lch->add_option("--rdzv-timeout", launch_args.rdzv_timeout_s,
+                  "seconds the coordinator may stay unreachable (restarting) before the agent "
+                  "gives up")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   lch->add_option("--max-restarts", launch_args.max_restarts,
-                  "restarts of the whole group of workers when one exits with an error (as "
-                  "torchrun's); each restart is a new group (TRAINCOORD_GROUP, "
-                  "TORCHELASTIC_RESTART_COUNT) that restores its checkpoint's cut")
+                  "restarts of the whole group when a worker fails or a node is lost (as "
+                  "torchrun's); each restart is a new group (TRAINCOORD_GROUP) whose ranks "
+                  "restore their checkpoint's cut")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   lch->add_option("--grace", launch_args.grace_s,
@@ -206,23 +232,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   lch->add_option("--listen", launch_args.listen,
-                  "the coordinator's address when free (else any free loopback port); the "
-                  "default is serve's, so that status and runs find it")
+                  "with --config: the coordinator's address when free (else any free loopback "
+                  "port); the default is serve's, so that status and runs find it")
       ->capture_default_str();
   lch->add_flag("!--no-prefix", launch_args.prefix_output,
                 "do not prefix each line of a worker's output with [rankN]:");
+  lch->add_option("--data-dir", launch_args.data_dir,
+                  "with --config: keep the run's state there (default: in memory)");
   lch->add_flag("--apply-config-changes", launch_args.apply_config_changes,
                 "with --data-dir holding the run: apply a changed config where allowed (see "
                 "serve)");
-  lch->add_option("--data-dir", launch_args.data_dir,
-                  "keep the run's state there (default: in memory)");
   lch->add_flag("--auth", launch_args.auth,
                 "require tokens; workers get theirs through $TRAINCOORD_TOKEN_FILE");
   lch->add_option("command", launch_args.command, "the worker command, after --");
   lch->allow_extras(false);
   lch->footer(
       example({"traincoord launch --workers 4 --config examples/digits/digits.toml -- "
-               "/usr/bin/python3 examples/digits/train.py"}));
+               "/usr/bin/python3 examples/digits/train.py",
+               "traincoord launch --url http://10.0.0.1:8470 --run digits --nnodes 1:2 "
+               "--nproc-per-node 4 --node-addr 10.0.0.2 --max-restarts 3 -- python3 train.py"}));
 
   InspectArgs inspect_args;
   CLI::App* ins = app.add_subcommand("inspect", "Show the runs in a data dir, without a server");

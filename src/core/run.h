@@ -18,6 +18,7 @@
 #include "core/early_stop.h"
 #include "core/error.h"
 #include "core/plan.h"
+#include "core/rendezvous.h"
 #include "core/run_config.h"
 
 namespace traincoord {
@@ -354,6 +355,9 @@ class Run {
   const Cut* latest_cut() const;  // the latest complete cut
   const std::string& group() const { return group_; }
   uint64_t generation() const { return generation_; }
+  // The rendezvous of the run's `launch` agents (core/rendezvous.h).
+  Rendezvous& rendezvous() { return rendezvous_; }
+  const Rendezvous& rendezvous() const { return rendezvous_; }
 
   // The order of an epoch: maps a job's positions to batch indices.
   EpochOrder order_of(int64_t epoch, SetKind set) const;
@@ -452,6 +456,7 @@ class Run {
   std::string restored_;                // what group_ restored: "cut N", "fresh", or ""
   std::deque<Cut> cuts_;                // oldest first: complete ones, and pending of group_
   uint64_t last_cut_ = 0;
+  Rendezvous rendezvous_;
 
  public:
   static constexpr size_t kPastGroupsKept = 1024;

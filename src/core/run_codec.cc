@@ -572,6 +572,26 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
       w.u64(cut.partial_batches);
     }
   }
+  const Rendezvous& rdzv = run.rendezvous_;
+  w.u64(rdzv.nodes_.size());
+  for (const Rendezvous::Node& n : rdzv.nodes_) {
+    w.str(n.name);
+    w.str(n.addr);
+    w.u64(n.nproc);
+    w.u64(n.master_port);
+    w.u64(n.round);
+    w.i64(n.last_seen);
+  }
+  w.u64(rdzv.round_);
+  w.boolean(rdzv.formed_);
+  w.u64(rdzv.members_.size());
+  for (const std::string& m : rdzv.members_) w.str(m);
+  w.i64(rdzv.last_join_);
+  w.u64(rdzv.min_nodes_);
+  w.u64(rdzv.max_nodes_);
+  w.i64(rdzv.settle_ms_);
+  w.i64(rdzv.node_timeout_ms_);
+  w.str(rdzv.last_end_);
   return w.take();
 }
 
@@ -704,6 +724,26 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
       }
       run->cuts_.push_back(std::move(cut));
     }
+    Rendezvous& rdzv = run->rendezvous_;
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+      Rendezvous::Node node;
+      node.name = r.str();
+      node.addr = r.str();
+      node.nproc = static_cast<uint32_t>(r.u64());
+      node.master_port = static_cast<uint16_t>(r.u64());
+      node.round = r.u64();
+      node.last_seen = r.i64();
+      rdzv.nodes_.push_back(std::move(node));
+    }
+    rdzv.round_ = r.u64();
+    rdzv.formed_ = r.boolean();
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) rdzv.members_.push_back(r.str());
+    rdzv.last_join_ = r.i64();
+    rdzv.min_nodes_ = static_cast<uint32_t>(r.u64());
+    rdzv.max_nodes_ = static_cast<uint32_t>(r.u64());
+    rdzv.settle_ms_ = r.i64();
+    rdzv.node_timeout_ms_ = r.i64();
+    rdzv.last_end_ = r.str();
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");

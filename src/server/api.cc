@@ -949,6 +949,11 @@ struct Api::Request {
   static Reply list_cuts(Request& r);
   static Reply cut_info(Request& r);
   static Reply restore(Request& r);
+  static Reply node_join(Request& r);
+  static Reply node_poll(Request& r);
+  static Reply node_fail(Request& r);
+  static Reply node_leave(Request& r);
+  static Reply nodes(Request& r);
 };
 
 namespace {
@@ -976,6 +981,12 @@ constexpr Endpoint kEndpoints[] = {
     {"cuts", "GET", "/v1/runs/{run}/cuts", Access::kRun, &Api::Request::list_cuts},
     {"cut_info", "GET", "/v1/runs/{run}/cuts/{cut}", Access::kRun, &Api::Request::cut_info},
     {"restore", "POST", "/v1/runs/{run}/restore", Access::kRun, &Api::Request::restore},
+    {"node_join", "POST", "/v1/runs/{run}/nodes/join", Access::kRun, &Api::Request::node_join},
+    {"node_poll", "POST", "/v1/runs/{run}/nodes/poll", Access::kRun, &Api::Request::node_poll},
+    {"node_fail", "POST", "/v1/runs/{run}/nodes/fail", Access::kRun, &Api::Request::node_fail},
+    {"node_leave", "POST", "/v1/runs/{run}/nodes/leave", Access::kRun,
+     &Api::Request::node_leave},
+    {"nodes", "GET", "/v1/runs/{run}/nodes", Access::kRun, &Api::Request::nodes},
     {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };
 
@@ -1432,6 +1443,109 @@ Api::Request::Reply Api::Request::cut_info(Request& r) {
   }
   JsonWriter j;
   write_cut(j, *c, r.now);
+  return ok(j);
+}
+
+namespace {
+
+// A node's standing in the rendezvous, as join and poll answer it.
+HttpReply assignment_reply(const Run& run, const NodeAssignment& a) {
+  JsonWriter j;
+  j.begin_object();
+  j.field("state", node_state_name(a.state));
+  j.field("round", a.round);
+  j.field("restart_count", a.restart_count);
+  j.field("run_state", run_state_name(run.state()));
+  if (a.state == NodeState::kRunning) {
+    j.field("node_rank", static_cast<uint64_t>(a.node_rank));
+    j.field("nnodes", static_cast<uint64_t>(a.nnodes));
+    j.field("world_size", static_cast<uint64_t>(a.world_size));
+    j.field("rank_offset", static_cast<uint64_t>(a.rank_offset));
+    j.field("master_addr", a.master_addr);
+    j.field("master_port", static_cast<uint64_t>(a.master_port));
+    // The group its ranks carry (TRAINCOORD_GROUP): one per round.
+    j.field("group", "rdzv-r" + std::to_string(a.round));
+  }
+  if (a.state == NodeState::kRestart) j.field("why", a.why);
+  j.end_object();
+  return HttpReply{200, j.str(), {}, "application/json"};
+}
+
+void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now) {
+  j.begin_object();
+  j.field("round", rdzv.round());
+  j.field("formed", rdzv.formed());
+  j.field("min_nodes", static_cast<uint64_t>(rdzv.min_nodes()));
+  j.field("max_nodes", static_cast<uint64_t>(rdzv.max_nodes()));
+  j.key("members").begin_array();
+  for (const std::string& m : rdzv.members()) j.value(m);
+  j.end_array();
+  j.key("nodes").begin_array();
+  for (const Rendezvous::Node& n : rdzv.nodes()) {
+    j.begin_object();
+    j.field("name", n.name).field("addr", n.addr).field("nproc", static_cast<uint64_t>(n.nproc));
+    j.field("round", n.round).field("last_seen_ago_ms", now - n.last_seen);
+    j.end_object();
+  }
+  j.end_array();
+  j.field("last_end", rdzv.last_end());
+  j.end_object();
+}
+
+}  // namespace
+
+Api::Request::Reply Api::Request::node_join(Request& r) {
+  NodeJoin join;
+  TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_ASSIGN(addr, r.body->string("addr", std::string("127.0.0.1"), 256));
+  TC_TRY_ASSIGN(nproc, r.body->uint("nproc", uint64_t{1}, 1024));
+  TC_TRY_ASSIGN(master_port, r.body->uint("master_port", uint64_t{0}, 65535));
+  TC_TRY_ASSIGN(min_nodes, r.body->uint("min_nodes", uint64_t{1}, 1024));
+  TC_TRY_ASSIGN(max_nodes, r.body->uint("max_nodes", uint64_t{1}, 1024));
+  TC_TRY_ASSIGN(settle_ms, r.body->uint("settle_ms", uint64_t{0}, 3'600'000));
+  TC_TRY_ASSIGN(timeout_ms, r.body->uint("node_timeout_ms", uint64_t{15'000}, 3'600'000));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  join.node = node;
+  join.addr = addr;
+  join.nproc = static_cast<uint32_t>(nproc);
+  join.master_port = static_cast<uint16_t>(master_port);
+  join.min_nodes = static_cast<uint32_t>(min_nodes);
+  join.max_nodes = static_cast<uint32_t>(max_nodes);
+  join.settle_ms = static_cast<TimeMs>(settle_ms);
+  join.node_timeout_ms = static_cast<TimeMs>(timeout_ms);
+  TC_TRY_ASSIGN(assignment, r.run->rendezvous().join(join, r.now));
+  return assignment_reply(*r.run, assignment);
+}
+
+Api::Request::Reply Api::Request::node_poll(Request& r) {
+  TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, r.now));
+  return assignment_reply(*r.run, assignment);
+}
+
+Api::Request::Reply Api::Request::node_fail(Request& r) {
+  TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_ASSIGN(round, r.body->uint("round"));
+  TC_TRY_ASSIGN(why, r.body->string("why", std::string("a rank failed"), 512, TextKind::kMessage));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_REPLY(r.run->rendezvous().fail(node, round, why, r.now));
+  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, r.now));
+  return assignment_reply(*r.run, assignment);
+}
+
+Api::Request::Reply Api::Request::node_leave(Request& r) {
+  TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_REPLY(r.run->rendezvous().leave(node, r.now));
+  JsonWriter j;
+  j.begin_object().field("left", true).end_object();
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::nodes(Request& r) {
+  JsonWriter j;
+  write_rendezvous(j, r.run->rendezvous(), r.now);
   return ok(j);
 }
 
