@@ -149,6 +149,90 @@ TEST(Reply, TheClientsCodesAreTheCoordinators) {
   EXPECT_EQ(codes::kWorkerNotRegistered, error_reason::kWorkerNotRegistered);
   EXPECT_EQ(codes::kLeaseUnknown, error_reason::kLeaseUnknown);
   EXPECT_EQ(codes::kLeaseNotYours, error_reason::kLeaseNotYours);
+  EXPECT_EQ(codes::kStaleGeneration, error_reason::kStaleGeneration);
+  EXPECT_EQ(codes::kRestoreRequired, error_reason::kRestoreRequired);
+  EXPECT_EQ(codes::kLeaseNotHeld, error_reason::kLeaseNotHeld);
+  EXPECT_EQ(codes::kCutMismatch, error_reason::kCutMismatch);
+  EXPECT_EQ(codes::kCutNotFound, error_reason::kCutNotFound);
+  EXPECT_EQ(codes::kCutIncomplete, error_reason::kCutIncomplete);
+  EXPECT_EQ(codes::kRestoreConflict, error_reason::kRestoreConflict);
+  EXPECT_EQ(codes::kRunCancelled, error_reason::kRunCancelled);
+}
+
+const std::string kCut =
+    R"({"id": 4, "group": "g/1", "seq": 2, "generation": 3, "complete": true, "world_size": 2,
+        "ranks": [0, 1], "created_ago_ms": 1500, "completed_ago_ms": 1000, "state": "running",
+        "epoch": 1, "set": "train", "jobs_done": 9, "partial_jobs": 2, "partial_batches": 3})";
+
+TEST(Reply, TheRepliesOfCutsAreRead) {
+  auto r = reply::registration(
+      R"({"worker": 3, "generation": 2, "group": "g", "group_state": "restore_required",
+          "latest_cut": 4})",
+      "POST /w");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->generation, 2u);
+  EXPECT_TRUE(r->restore_required);
+  EXPECT_EQ(r->latest_cut, 4u);
+  auto plain = reply::registration(R"({"worker": 3, "generation": 1, "latest_cut": null})", "w");
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_FALSE(plain->restore_required);
+  EXPECT_FALSE(plain->latest_cut);
+
+  auto share = reply::cut_share(
+      R"({"cut": 4, "complete": false, "ranks": [1], "world_size": 2, "generation": 3})", "c");
+  ASSERT_TRUE(share) << share.error().message;
+  EXPECT_EQ(share->cut, 4u);
+  EXPECT_EQ(share->ranks, std::vector<uint32_t>{1});
+
+  auto cut = reply::cut(kCut, "c");
+  ASSERT_TRUE(cut) << cut.error().message;
+  EXPECT_EQ(cut->group, "g/1");
+  EXPECT_EQ(cut->created_ago.count(), 1500);
+  EXPECT_EQ(cut->completed_ago->count(), 1000);
+  EXPECT_EQ(cut->epoch, 1);
+  EXPECT_EQ(cut->partial_batches, 3u);
+  // An incomplete cut has no run state yet.
+  auto pending = reply::cut(
+      R"({"id": 5, "group": "g", "seq": 1, "generation": 1, "complete": false, "world_size": 3,
+          "ranks": [2], "created_ago_ms": 10, "completed_ago_ms": null})",
+      "c");
+  ASSERT_TRUE(pending) << pending.error().message;
+  EXPECT_FALSE(pending->completed_ago);
+  EXPECT_FALSE(pending->epoch);
+
+  auto list = reply::cut_list(R"({"keep": 5, "generation": 3, "group": null, "cuts": [)" + kCut +
+                                  "]}",
+                              "c");
+  ASSERT_TRUE(list) << list.error().message;
+  EXPECT_EQ(list->group, "");
+  ASSERT_EQ(list->cuts.size(), 1u);
+  EXPECT_EQ(list->cuts[0].jobs_done, 9u);
+
+  auto restored = reply::restored(
+      R"({"restored": true, "cut": null, "generation": 4, "withdrawn_jobs": 0,
+          "leases_voided": 2, "state": "running"})",
+      "r");
+  ASSERT_TRUE(restored) << restored.error().message;
+  EXPECT_FALSE(restored->cut);
+  EXPECT_EQ(restored->leases_voided, 2u);
+}
+
+TEST(Reply, AMalformedCutReplyNamesTheField) {
+  EXPECT_NE(refusal(reply::cut_share(R"({"cut": 4, "complete": false, "ranks": [-1],
+      "world_size": 2, "generation": 3})", "POST /v1/runs/r/cuts"))
+                .find("POST /v1/runs/r/cuts has field 'ranks'"),
+            std::string::npos);
+  std::string no_jobs = kCut;
+  no_jobs.replace(no_jobs.find(R"("jobs_done": 9)"), 14, R"("jobs_done": "9")");
+  EXPECT_NE(refusal(reply::cut(no_jobs, "c")).find("'jobs_done'"), std::string::npos);
+  EXPECT_NE(refusal(reply::cut_list(R"({"keep": 5, "generation": 3, "group": null,
+      "cuts": [{"id": 1}]})", "c")).find("'cuts[0].group'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::registration(R"({"worker": 1, "group_state": "sleepy"})", "w"))
+                .find("'group_state'"),
+            std::string::npos);
+  EXPECT_NE(refusal(reply::restored(R"({"restored": true})", "r")).find("'generation'"),
+            std::string::npos);
 }
 
 // A coordinator on a loopback port that answers each request with the next canned reply, and
