@@ -96,16 +96,16 @@ inline constexpr std::string_view kLeaseNotYours = "lease_not_yours";  // 409
 inline constexpr std::string_view kStaleGeneration = "stale_generation";
 // 409: a new group of a run that has cuts: restore() or start_fresh() before asking for jobs.
 inline constexpr std::string_view kRestoreRequired = "restore_required";
-inline constexpr std::string_view kLeaseNotHeld = "lease_not_held";  // 409: a cut part's lease
-inline constexpr std::string_view kCutMismatch = "cut_mismatch";     // 409: another world_size
-inline constexpr std::string_view kCutNotFound = "cut_not_found";    // 404
-inline constexpr std::string_view kCutIncomplete = "cut_incomplete";  // 409: restore of one
+inline constexpr std::string_view kLeaseNotHeld = "lease_not_held";       // 409: a cut part's lease
+inline constexpr std::string_view kCutMismatch = "cut_mismatch";          // 409: another world_size
+inline constexpr std::string_view kCutNotFound = "cut_not_found";         // 404
+inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // 409: restore of one
 inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // 409: see restore()
 inline constexpr std::string_view kRunCancelled = "run_cancelled";        // 409: see restore()
-inline constexpr std::string_view kCutTimeout = "cut_timeout";  // the client's own: wait_for_cut
-inline constexpr std::string_view kUnreachable = "unreachable";        // the client's own
-inline constexpr std::string_view kTls = "tls";                        // the client's own
-inline constexpr std::string_view kBadReply = "bad_reply";             // the client's own
+inline constexpr std::string_view kCutTimeout = "cut_timeout";   // the client's own: wait_for_cut
+inline constexpr std::string_view kUnreachable = "unreachable";  // the client's own
+inline constexpr std::string_view kTls = "tls";                  // the client's own
+inline constexpr std::string_view kBadReply = "bad_reply";       // the client's own
 }  // namespace codes
 
 template <typename T>
@@ -374,7 +374,7 @@ class JobStream {
   std::vector<std::pair<Job, Completion>> outbox_;
   std::vector<Completed> outcomes_;
   size_t in_flight_ = 0;
-  size_t sending_ = 0;  // completions taken from outbox_ whose request has not returned
+  size_t sending_ = 0;    // completions taken from outbox_ whose request has not returned
   bool dry_ = false;      // the last acquire found no job right now
   bool waiting_ = false;  // the caller waits in next()
   bool finished_ = false;

@@ -106,8 +106,8 @@ void render_cuts(const Value& r, std::ostream& out, std::optional<int64_t> wall_
   const Value& counters = at(r, "counters");
   out << "group " << (group.IsString() ? text(group) : std::string("none")) << ", generation "
       << count(at(r, "generation")) << "\n";
-  out << "cuts: " << count(at(cuts, "count")) << " kept (keeps the last "
-      << count(at(cuts, "keep")) << "); latest: ";
+  out << "cuts: " << count(at(cuts, "count")) << " kept (keeps the last " << count(at(cuts, "keep"))
+      << "); latest: ";
   const Value& latest = at(cuts, "latest");
   if (latest.IsObject()) {
     out << "cut " << count(at(latest, "id"));
@@ -177,8 +177,8 @@ void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_n
   const Value& es = at(r, "early_stop");
   out << "\nearly stop: " << text(at(es, "rule"));
   if (int_of(at(es, "best_epoch"))) {
-    out << ", best epoch " << count(at(es, "best_epoch")) << " (" << text(at(es, "monitor"))
-        << " " << num(at(es, "best_value")) << ")";
+    out << ", best epoch " << count(at(es, "best_epoch")) << " (" << text(at(es, "monitor")) << " "
+        << num(at(es, "best_value")) << ")";
   }
   if (flag(at(es, "stopped"))) out << ", stopped: " << text(at(es, "reason"));
   out << "\n\n";
@@ -238,9 +238,8 @@ int runs(const StatusArgs& args) {
   d.Parse(body->c_str());
   std::printf("%-24s %-14s %7s %14s %8s\n", "RUN", "STATE", "EPOCH", "JOBS", "WORKERS");
   for (const Value& r : items(at(d, "runs"))) {
-    const std::string epoch = int_of(at(r, "epoch"))
-                                  ? count(at(r, "epoch")) + "/" + count(at(r, "target_epoch"))
-                                  : "-";
+    const std::string epoch =
+        int_of(at(r, "epoch")) ? count(at(r, "epoch")) + "/" + count(at(r, "target_epoch")) : "-";
     const std::string jobs = count(at(r, "jobs_done")) + "/" + count(at(r, "jobs_planned"));
     std::printf("%-24s %-14s %7s %14s %8s\n", text(at(r, "run")).c_str(),
                 text(at(r, "state")).c_str(), epoch.c_str(), jobs.c_str(),

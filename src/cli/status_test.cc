@@ -46,8 +46,9 @@ const std::string kStatus = R"({
 TEST(Status, ShowsTheGroupTheLatestCutAndTheCountersOfCuts) {
   const std::string out = rendered(kStatus);
   EXPECT_TRUE(contains(out, "group job/1, generation 2\n")) << out;
-  EXPECT_TRUE(contains(out, "cuts: 2 kept (keeps the last 5); latest: cut 3, train epoch 1, 5 jobs "
-                            "done, 2 partly trained (3 batches), 0:01:30 ago\n"))
+  EXPECT_TRUE(contains(out,
+                       "cuts: 2 kept (keeps the last 5); latest: cut 3, train epoch 1, 5 jobs "
+                       "done, 2 partly trained (3 batches), 0:01:30 ago\n"))
       << out;
   EXPECT_TRUE(contains(out, "cuts taken 3, restores 1, jobs withdrawn 4, leases voided 2\n"))
       << out;
@@ -78,8 +79,8 @@ TEST(Status, ACutsTimeIsADateWhenReadFromADataDir) {
 TEST(Status, AReplyWithoutTheNewFieldsShowsThemAbsent) {
   // A coordinator from before cuts: no generation, group, cuts or their counters.
   std::string json = kStatus;
-  json.replace(json.find(R"(  "counters")"), json.find(R"(  "events")") - json.find(R"(  "counters")"),
-               "");
+  json.replace(json.find(R"(  "counters")"),
+               json.find(R"(  "events")") - json.find(R"(  "counters")"), "");
   const std::string out = rendered(json);
   EXPECT_TRUE(contains(out, "group none, generation -\n")) << out;
   EXPECT_TRUE(contains(out, "cuts: - kept (keeps the last -); latest: none\n")) << out;

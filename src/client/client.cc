@@ -123,8 +123,8 @@ uint64_t request_id() {
 // A group is 1 to 128 characters of A-Z a-z 0-9 . _ : / - (or empty: none).
 Result<void> check_group(const std::string& group) {
   const bool fits = group.size() <= 128 && std::all_of(group.begin(), group.end(), [](char c) {
-                      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' ||
-                             c == '_' || c == ':' || c == '/' || c == '-';
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+                             c == ':' || c == '/' || c == '-';
                     });
   if (fits) return {};
   return tl::unexpected(ClientError{
@@ -398,9 +398,9 @@ namespace {
 // Sends one request over `connection`, retrying while the coordinator is unreachable or answers
 // 5xx, with exponential backoff and full jitter, for at most options.give_up_after. Returns the
 // body of a 200 or 201, else the error.
-Result<std::string> with_retries(Connection& connection, const Options& options,
-                                 http::verb method, const std::string& target,
-                                 const std::string& body, milliseconds timeout) {
+Result<std::string> with_retries(Connection& connection, const Options& options, http::verb method,
+                                 const std::string& target, const std::string& body,
+                                 milliseconds timeout) {
   const auto first_failure_limit = options.give_up_after;
   std::optional<std::chrono::steady_clock::time_point> failing_since;
   milliseconds backoff = options.initial_backoff;
@@ -446,9 +446,9 @@ Result<std::string> Worker::call_aside(const std::string& action, const std::str
                                        bool get) {
   std::lock_guard lock(aside_mu_);
   if (!aside_) {
-    aside_ = std::make_unique<Connection>(*parse_url(options_.url), options_.connect_timeout,
-                                          options_.token,
-                                          std::static_pointer_cast<ssl::context>(tls_));
+    aside_ =
+        std::make_unique<Connection>(*parse_url(options_.url), options_.connect_timeout,
+                                     options_.token, std::static_pointer_cast<ssl::context>(tls_));
   }
   return with_retries(*aside_, options_, get ? http::verb::get : http::verb::post,
                       "/v1/runs/" + options_.run + "/" + action, body, options_.request_timeout);
@@ -659,8 +659,8 @@ Result<void> Worker::leave() {
 
 Result<CutShareTaken> Worker::give_cut_share(const CutShare& share) {
   if (options_.group.empty()) {
-    return tl::unexpected(ClientError{
-        0, "invalid_argument", "a cut is taken by a group: set Options::group", "group"});
+    return tl::unexpected(ClientError{0, "invalid_argument",
+                                      "a cut is taken by a group: set Options::group", "group"});
   }
   JsonWriter j;
   wire::begin_request(j, id_.load(), options_.group);
@@ -717,7 +717,8 @@ Result<Cut> Worker::wait_for_cut(uint64_t id, milliseconds timeout) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
       }
       return tl::unexpected(ClientError{
-          0, std::string(codes::kCutTimeout),
+          0,
+          std::string(codes::kCutTimeout),
           "cut " + std::to_string(id) + " of group " + c->group + " is not complete after " +
               std::to_string(timeout.count()) + " ms: " + std::to_string(c->ranks.size()) +
               " of its " + std::to_string(c->world_size) +
@@ -725,10 +726,9 @@ Result<Cut> Worker::wait_for_cut(uint64_t id, milliseconds timeout) {
               " (each rank gives its share at the same step)",
           {}});
     }
-    std::this_thread::sleep_for(
-        std::min(pause, std::chrono::duration_cast<milliseconds>(
-                            deadline - std::chrono::steady_clock::now()) +
-                            milliseconds(1)));
+    std::this_thread::sleep_for(std::min(pause, std::chrono::duration_cast<milliseconds>(
+                                                    deadline - std::chrono::steady_clock::now()) +
+                                                    milliseconds(1)));
     pause = std::min(pause * 2, milliseconds(500));
   }
 }
@@ -739,8 +739,8 @@ Result<Restored> Worker::start_fresh() { return restore_to(std::nullopt); }
 
 Result<Restored> Worker::restore_to(std::optional<uint64_t> id) {
   if (options_.group.empty()) {
-    return tl::unexpected(ClientError{
-        0, "invalid_argument", "a restore is made by a group: set Options::group", "group"});
+    return tl::unexpected(ClientError{0, "invalid_argument",
+                                      "a restore is made by a group: set Options::group", "group"});
   }
   JsonWriter j;
   j.begin_object().field("group", options_.group);

@@ -61,9 +61,8 @@ Result<void> JobStream::flush() {
   cv_.wait(lock, [this] { return (outbox_.empty() && sending_ == 0) || error_ || closed_; });
   if (error_) return tl::unexpected(*error_);
   if (!outbox_.empty()) {  // completions queued after close(): nothing sends them any more
-    return tl::unexpected(ClientError{0, "invalid_argument",
-                                      "the stream is closed: complete jobs through the worker",
-                                      {}});
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "the stream is closed: complete jobs through the worker", {}});
   }
   return {};
 }

@@ -76,7 +76,8 @@ class Reader {
     if (const Value* list = array(o, path, key)) {
       for (const Value& v : list->GetArray()) {
         if (!v.IsUint()) {
-          fail("has field '" + join(path, key) + "' that holds a value that is not an unsigned "
+          fail("has field '" + join(path, key) +
+               "' that holds a value that is not an unsigned "
                "32-bit integer");
           break;
         }
@@ -310,7 +311,8 @@ Result<CutList> cut_list(const std::string& body, std::string_view what) {
     out.keep = r.uint64(*top, "", "keep");
     out.generation = r.uint64(*top, "", "generation");
     const auto group = top->FindMember("group");
-    if (group == top->MemberEnd() || !group->value.IsNull()) out.group = r.string(*top, "", "group");
+    if (group == top->MemberEnd() || !group->value.IsNull())
+      out.group = r.string(*top, "", "group");
     each_object(r, *top, "", "cuts", [&](const Value& v, const std::string& where) {
       out.cuts.push_back(read_cut(r, v, where));
     });

@@ -200,9 +200,8 @@ TEST(Reply, TheRepliesOfCutsAreRead) {
   EXPECT_FALSE(pending->completed_ago);
   EXPECT_FALSE(pending->epoch);
 
-  auto list = reply::cut_list(R"({"keep": 5, "generation": 3, "group": null, "cuts": [)" + kCut +
-                                  "]}",
-                              "c");
+  auto list = reply::cut_list(
+      R"({"keep": 5, "generation": 3, "group": null, "cuts": [)" + kCut + "]}", "c");
   ASSERT_TRUE(list) << list.error().message;
   EXPECT_EQ(list->group, "");
   ASSERT_EQ(list->cuts.size(), 1u);
@@ -219,14 +218,17 @@ TEST(Reply, TheRepliesOfCutsAreRead) {
 
 TEST(Reply, AMalformedCutReplyNamesTheField) {
   EXPECT_NE(refusal(reply::cut_share(R"({"cut": 4, "complete": false, "ranks": [-1],
-      "world_size": 2, "generation": 3})", "POST /v1/runs/r/cuts"))
+      "world_size": 2, "generation": 3})",
+                                     "POST /v1/runs/r/cuts"))
                 .find("POST /v1/runs/r/cuts has field 'ranks'"),
             std::string::npos);
   std::string no_jobs = kCut;
   no_jobs.replace(no_jobs.find(R"("jobs_done": 9)"), 14, R"("jobs_done": "9")");
   EXPECT_NE(refusal(reply::cut(no_jobs, "c")).find("'jobs_done'"), std::string::npos);
   EXPECT_NE(refusal(reply::cut_list(R"({"keep": 5, "generation": 3, "group": null,
-      "cuts": [{"id": 1}]})", "c")).find("'cuts[0].group'"),
+      "cuts": [{"id": 1}]})",
+                                    "c"))
+                .find("'cuts[0].group'"),
             std::string::npos);
   EXPECT_NE(refusal(reply::registration(R"({"worker": 1, "group_state": "sleepy"})", "w"))
                 .find("'group_state'"),

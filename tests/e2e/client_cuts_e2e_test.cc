@@ -104,8 +104,8 @@ client::CutShare share_of(uint64_t seq, uint32_t rank, uint32_t world_size,
 }
 
 client::CutPart part_of(const client::Job& job, uint64_t batches) {
-  return client::CutPart{job.lease, batches, 0.25 * static_cast<double>(batches), 4 * batches,
-                         {{"accuracy", 0.5}}};
+  return client::CutPart{
+      job.lease, batches, 0.25 * static_cast<double>(batches), 4 * batches, {{"accuracy", 0.5}}};
 }
 
 // The code of a call's error ("succeeded" when it did not fail), and its field.
@@ -118,9 +118,7 @@ std::string field(const client::Result<T>& r) {
   return r ? "succeeded" : r.error().field;
 }
 
-client::Completion done_with(const client::Job& job) {
-  return {0.5, 4 * job.batches.size(), {}};
-}
+client::Completion done_with(const client::Job& job) { return {0.5, 4 * job.batches.size(), {}}; }
 
 TEST_F(ClientCuts, ACutIsCompleteOnceEveryRankOfTheGroupGaveItsShare) {
   auto rank0 = connect("r0", "job-1/0");
@@ -231,7 +229,8 @@ TEST_F(ClientCuts, ASharesRefusalsCarryTheirCodes) {
   EXPECT_EQ(field(ungrouped->give_cut_share(share_of(1, 0, 1))), "group");
   EXPECT_EQ(field(ungrouped->restore(1)), "group");
   EXPECT_EQ(field(ungrouped->start_fresh()), "group");
-  for (const std::string& bad : {std::string("has space"), std::string(129, 'g'), std::string("tab\there")}) {
+  for (const std::string& bad :
+       {std::string("has space"), std::string(129, 'g'), std::string("tab\there")}) {
     auto refused = client::Worker::connect(options("bad", bad));
     ASSERT_FALSE(refused) << bad;
     EXPECT_EQ(refused.error().code, "invalid_argument");
@@ -304,8 +303,7 @@ TEST_F(ClientCuts, ARestartedGroupRestoresTheCutAndTheModelTrainsEveryBatchOnce)
   EXPECT_EQ(code(old->complete(**j4, done_with(**j4))), client::codes::kStaleGeneration);
   EXPECT_EQ(code(old->fail(**j4, "oops")), client::codes::kStaleGeneration);
   EXPECT_EQ(code(old->release({**j4})), client::codes::kStaleGeneration);
-  EXPECT_EQ(code(old->give_cut_share(share_of(2, 0, 1))),
-            client::codes::kStaleGeneration);
+  EXPECT_EQ(code(old->give_cut_share(share_of(2, 0, 1))), client::codes::kStaleGeneration);
   EXPECT_EQ(code(old->restore(cut)), client::codes::kStaleGeneration);
   EXPECT_EQ(code(old->leave()), client::codes::kStaleGeneration);
   auto again = client::Worker::connect(options("a1", "run-1"));
