@@ -209,7 +209,7 @@ TEST_F(CutTest, ANewGroupWithoutCutsTakesOverAndVoidsTheLeasesOfTheGroupBefore) 
   EXPECT_EQ(again.attempt, 2u);
 }
 
-TEST_F(CutTest, UngroupedWorkersAreNeverFencedNorVoidedByAGroupTakingOver) {
+TEST_F(CutTest, UngroupedWorkersAreNeverFencedNorVoidedByTheFirstGroup) {
   traincoord::Run run(two_jobs(), clock_);
   const WorkerId solo = run.join("solo");
   const Job held = take(run, solo);

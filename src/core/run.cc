@@ -808,7 +808,9 @@ Result<GroupState> Run::join_group(std::string_view group) {
   if (group.empty() || group == group_) return GroupState::kCurrent;
   if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
   if (latest_cut() != nullptr) return GroupState::kRestoreRequired;
-  // The group before (if any) restarted: its leases are void. Ungrouped workers keep theirs.
+  // The group before (if any) restarted: every lease is void (an ungrouped worker's too: a run
+  // that mixes grouped and ungrouped workers is fenced as one group). The first group voids
+  // nothing.
   take_over(group, "", group_.empty() ? 0 : void_leases());
   return GroupState::kCurrent;
 }

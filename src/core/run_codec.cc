@@ -12,8 +12,9 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // 2: workers' last acquire request. 3: an epoch's loss and metric aggregates are running means,
 // no longer sums (same layout; a format 2 snapshot is read and its sums turned into means).
 // 4: checkpoint cuts: each epoch's partly trained jobs, the groups, the cuts (each with the
-// saved progress, in the layout of the run's own), four counters.
-constexpr uint32_t kFormat = 4;
+// saved progress, in the layout of the run's own), four counters. 5: the rendezvous of the
+// launch agents.
+constexpr uint32_t kFormat = 5;
 constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
@@ -724,6 +725,8 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
       }
       run->cuts_.push_back(std::move(cut));
     }
+  }
+  if (format >= 5) {
     Rendezvous& rdzv = run->rendezvous_;
     for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
       Rendezvous::Node node;
