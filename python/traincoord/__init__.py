@@ -15,9 +15,16 @@ The Python standard library only, except ``traincoord.torch`` (PyTorch).
 
 from .client import (
     BAD_REPLY,
+    CUT_INCOMPLETE,
+    CUT_MISMATCH,
+    CUT_NOT_FOUND,
+    LEASE_NOT_HELD,
     LEASE_NOT_YOURS,
     LEASE_UNKNOWN,
+    RESTORE_CONFLICT,
+    RESTORE_REQUIRED,
     RUN_NOT_FOUND,
+    STALE_GENERATION,
     WORKER_NOT_REGISTERED,
     CoordinatorError,
     Finished,
@@ -28,5 +35,7 @@ from .client import (
 )
 
 __all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
-           "BAD_REPLY", "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND", "WORKER_NOT_REGISTERED"]
+           "BAD_REPLY", "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND",
+           "WORKER_NOT_REGISTERED", "STALE_GENERATION", "RESTORE_REQUIRED", "RESTORE_CONFLICT", "CUT_NOT_FOUND",
+           "CUT_INCOMPLETE", "CUT_MISMATCH", "LEASE_NOT_HELD"]
 __version__ = "0.1.0"

@@ -29,6 +29,14 @@ WORKER_NOT_REGISTERED = "worker_not_registered"  # the coordinator forgot us: re
 LEASE_UNKNOWN = "lease_unknown"  # a lease the coordinator never issued (or forgot)
 LEASE_NOT_YOURS = "lease_not_yours"
 BAD_REPLY = "bad_reply"  # (the client's own) a reply without a field it must have
+# Checkpoint cuts and groups (docs/PYTHON.md, "Checkpoints: state_dict and restore").
+STALE_GENERATION = "stale_generation"  # a newer group took the run over: stop this process
+RESTORE_REQUIRED = "restore_required"  # the run has cuts: restore one (or start fresh) first
+RESTORE_CONFLICT = "restore_conflict"  # the current group restored another target already
+CUT_NOT_FOUND = "cut_not_found"
+CUT_INCOMPLETE = "cut_incomplete"  # not every rank gave its share (yet)
+CUT_MISMATCH = "cut_mismatch"  # ranks disagree on the cut's world size
+LEASE_NOT_HELD = "lease_not_held"  # a cut part names a lease that is not live any more
 # The coordinator restarted without its state and no longer knows the worker or the lease: a
 # completion is lost and its job will be handed out again.
 _FORGOTTEN = (WORKER_NOT_REGISTERED, LEASE_UNKNOWN)
@@ -236,7 +244,10 @@ class Run:
     trip (its loss reaches the coordinator up to N - 1 jobs later). first_contact_timeout:
     seconds to keep trying before the coordinator has answered once (a wrong host name or a
     refused connection fails within these seconds with a clear message; give_up_after applies
-    once it has answered, e.g. across its restart).
+    once it has answered, e.g. across its restart). group: the group (one start of a training
+    job: its ranks) this worker belongs to, sent on every request; a newer group of the run
+    fences this one off (``stale_generation``). None: ungrouped, never fenced (independent
+    workers); ``traincoord.torch.Phases`` sets it (``set_group``).
 
     Failed requests are retried with a warning on the ``logging.getLogger("traincoord")``
     logger (the URL and the error).
@@ -246,7 +257,8 @@ class Run:
                  long_poll: float = 20.0, give_up_after: float = 300.0,
                  heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None,
-                 jobs_per_request: int = 1, first_contact_timeout: float = 10.0) -> None:
+                 jobs_per_request: int = 1, first_contact_timeout: float = 10.0,
+                 group: str | None = None) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
         if parsed.scheme not in ("http", "https") or not parsed.port:
             raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
@@ -272,6 +284,12 @@ class Run:
         self.finished: Finished | None = None
         self.id = -1
         self.heartbeat_interval = 10.0
+        self.group: str | None = group or None
+        # What the last registration said: "current" or "restore_required" (None: ungrouped),
+        # the run's generation and its latest complete cut (or None).
+        self.group_state: str | None = None
+        self.generation = 0
+        self.latest_cut: int | None = None
         self._register()
         self._stop = threading.Event()
         self._heartbeats = None
@@ -433,6 +451,64 @@ class Run:
         reply = self._post("release", {"worker": self.id, "leases": [j.lease for j in jobs]})
         return int(reply["released"])
 
+    # ---- groups, checkpoint cuts and restores (docs/PYTHON.md, "Checkpoints") ---------------
+
+    def set_group(self, group: str | None) -> None:
+        """Makes this worker a member of `group` (None: ungrouped) and registers again with it;
+        every later request carries it. ``group_state`` then says whether the group is the
+        run's current one or must restore a cut first (``restore_required``). Raises
+        CoordinatorError(code="stale_generation") for a group the run has left behind."""
+        self.group = group or None
+        self._register()
+
+    def cut(self, seq: int, rank: int, world_size: int,
+            parts: "list[Mapping[str, Any]] | None" = None) -> dict[str, Any]:
+        """Gives this rank's share of its group's `seq`-th cut (POST .../cuts): `parts` lists
+        the jobs this worker holds that it trained some but not all batches of, each
+        ``{"lease", "batches", "loss", "samples", "metrics"}``. Returns the reply: ``cut`` (its
+        id), ``complete``, ``ranks`` (those that gave their share), ``world_size``,
+        ``generation``. Requires a group."""
+        self._require_group("a cut")
+        return self._post("cuts", {"worker": self.id, "seq": int(seq), "rank": int(rank),
+                                   "world_size": int(world_size), "parts": list(parts or [])})
+
+    def cuts(self) -> dict[str, Any]:
+        """The run's cuts (GET .../cuts): ``keep``, ``generation``, ``group`` and ``cuts``
+        (oldest first)."""
+        return self._request("GET", f"/v1/runs/{self.run}/cuts", None, 0)
+
+    def cut_info(self, cut: int) -> dict[str, Any]:
+        """One cut (GET .../cuts/ID); CoordinatorError(code="cut_not_found") when it is not
+        kept."""
+        return self._request("GET", f"/v1/runs/{self.run}/cuts/{int(cut)}", None, 0)
+
+    def restore(self, cut: int | None = None, fresh: bool = False) -> dict[str, Any]:
+        """Makes this worker's group the run's current one (POST .../restore), and puts the run
+        back as of `cut`, or (fresh=True) goes on from the ledger as it is. Every lease out is
+        void afterwards. Returns the reply: ``restored`` (false when the group restored this
+        target already, e.g. from another rank), ``cut``, ``generation``, ``withdrawn_jobs``,
+        ``state``. Requires a group."""
+        if (cut is None) == (not fresh):
+            raise ValueError("restore needs a cut or fresh=True, one of the two")
+        self._require_group("a restore")
+        body: dict[str, Any] = {"group": self.group}
+        if fresh:
+            body["fresh"] = True
+        else:
+            body["cut"] = int(cut)
+        reply = self._request("POST", f"/v1/runs/{self.run}/restore", body, 0)
+        with self._lock:
+            self._held.clear()  # voided
+        self.group_state = "current"
+        self.generation = int(reply["generation"])
+        return reply
+
+    def _require_group(self, what: str) -> None:
+        if not self.group:
+            raise CoordinatorError(f"{what} is made by a group, and worker {self.worker} has "
+                                   "none: pass Run(group=...) or call set_group() first",
+                                   code="invalid_argument", field="group")
+
     def feed(self, depth: int = 2, prepare: "Callable[[Job], None] | None" = None,
              before_close: "Callable[[], None] | None" = None) -> "JobFeed":
         """A background thread that keeps `depth` jobs fetched ahead of the caller and sends
@@ -470,6 +546,9 @@ class Run:
         reply = self._post("workers", {"name": self.worker}, registering=True, conn=conn)
         self.id = reply["worker"]
         self.heartbeat_interval = reply["heartbeat_interval_ms"] / 1000.0
+        self.group_state = reply.get("group_state") if self.group else None
+        self.generation = int(reply.get("generation", 0))
+        self.latest_cut = reply.get("latest_cut")
 
     def _take(self, reply: Mapping[str, Any]) -> Job | None:
         if reply["status"] == "job":
@@ -519,6 +598,8 @@ class Run:
 
     def _post(self, action: str, body: dict[str, Any], extra: float = 0,
               registering: bool = False, conn: "_Connection | None" = None) -> dict[str, Any]:
+        if self.group:
+            body = {**body, "group": self.group}
         try:
             return self._request("POST", f"/v1/runs/{self.run}/{action}", body, extra, conn)
         except CoordinatorError as e:
@@ -591,8 +672,10 @@ class Run:
             with self._lock:
                 leases = sorted(self._held)
             try:
-                conn.request("POST", f"/v1/runs/{self.run}/heartbeat",
-                             {"worker": self.id, "leases": leases},
+                body: dict[str, Any] = {"worker": self.id, "leases": leases}
+                if self.group:
+                    body["group"] = self.group
+                conn.request("POST", f"/v1/runs/{self.run}/heartbeat", body,
                              min(self.timeout, self.heartbeat_interval))
             except (OSError, http.client.HTTPException, CoordinatorError):
                 pass  # the next heartbeat may get through in time

@@ -24,14 +24,23 @@ coordinator hands jobs to whichever rank asks (a slow rank takes fewer), and a r
 ends as soon as the epoch has no job left for it. DDP's ``join()`` context (the
 ``torch.distributed.algorithms.Join`` family) lets the ranks that finished early shadow the
 gradient all-reduces of the others, so nobody waits on a collective that will never come.
+
+Checkpoints: save ``phases.state_dict()`` with the model (every rank calls it at the same
+step), and give it back to ``phases.load_state_dict`` before iterating when the group restarts:
+the coordinator then hands out exactly the batches the checkpointed model has not trained
+(docs/PYTHON.md, "Checkpoints: state_dict and restore").
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import secrets
+import time
 from typing import Any, Callable, Iterator, Mapping
 
-from .client import CoordinatorError, Job, JobFeed, Run, log
+from .client import CUT_INCOMPLETE, RESTORE_CONFLICT, CoordinatorError, Job, JobFeed, Run, log
 from .order import SHUFFLES, SampleOrder
 
 __all__ = ["Phase", "Phases", "ReportError", "EpochSampler"]
@@ -191,11 +200,23 @@ class Phases:
     the coordinator while this Phases runs, in order, before the next phase starts (also for
     epochs this rank got no job of), with the epoch's record from the run's status (loss,
     metrics, samples): the place for an LR scheduler's step, logging, checkpoints.
+
+    group: the group of this start of the training job, sent on every request (a restarted
+    group is a new one; the coordinator fences the old one off). Default: the run's own
+    (``Run(group=...)``), else derived: $TRAINCOORD_GROUP (``traincoord launch`` sets it); else
+    torchrun's $TORCHELASTIC_RUN_ID/$TORCHELASTIC_RESTART_COUNT; else, when torch.distributed
+    is initialized, an id rank 0 makes and broadcasts (then every rank must create its Phases
+    at the same point, as for any collective); else one of this process, taken now when the
+    run has a group or cuts already, otherwise by the first ``state_dict``,
+    ``load_state_dict`` or ``start_fresh`` (so that independent workers that never checkpoint
+    stay ungrouped and do not fence each other off). cut_timeout: seconds ``state_dict`` waits
+    for the other ranks' shares.
     """
 
     def __init__(self, run: Run, batch_size: int, sizes: Mapping[str, int], *,
                  shuffle: str = "epoch", seed: int | None = None, prefetch: int = 4,
-                 on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None) -> None:
+                 on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None,
+                 group: str | None = None, cut_timeout: float = 600.0) -> None:
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
         if prefetch < 1:
@@ -207,18 +228,119 @@ class Phases:
         self._orders = {name: SampleOrder(n, batch_size, seed, name, shuffle)
                         for name, n in sizes.items()}
         self._on_epoch_end = on_epoch_end
-        # Epochs closed before we started are not ours to announce or to enter (a resumed run,
-        # a late rank).
-        self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
-        self._seen: set[tuple[str, int]] = set(self._announced)
-        # The epochs opened so far as this rank knows them, in opening order.
-        self._order = [(e["set"], e["epoch"]) for e in status["epochs"]]
+        self.cut_timeout = cut_timeout
+        self._iterating = False
+        if group is None and not run.group:
+            group = _launcher_group()
+            if group is None and (status.get("group") or (status.get("cuts") or {}).get("latest")):
+                group = _process_group()  # a lineage with checkpoints: be fenced as one of it
+        if group is not None and group != run.group:
+            run.set_group(group)
+        self._read_status(status)
         self.current: Phase | None = None
         # Jobs held ahead: enough for `prefetch` batches. Big jobs are fetched one ahead, so a
         # rank never sits on jobs another rank could be training (dynamic sharding).
         per_job = max(1, int(status["plan"]["batches_per_job"]))
         self._feed: JobFeed = run.feed(max(1, min(64, -(-prefetch // per_job))), self._prepare,
                                        before_close=self._end_phase)
+
+    def _read_status(self, status: Mapping[str, Any] | None = None) -> None:
+        """Takes the run's epochs as they are now (at the start, and after a restore): epochs
+        closed already are not ours to announce or to enter (a resumed run, a late rank, a
+        restored cut)."""
+        if status is None:
+            status = self.run.status()
+        self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
+        self._seen: set[tuple[str, int]] = set(self._announced)
+        # The epochs opened so far as this rank knows them, in opening order.
+        self._order = [(e["set"], e["epoch"]) for e in status["epochs"]]
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's part of a checkpoint cut: call it on every rank of the group at the same
+        step (as torch.distributed.checkpoint.save), next to the model's state_dict. Sends the
+        rank's queued completions, then its share of the cut — the jobs of the current phase it
+        trained some but not all batches of (those reported so far) — and waits until every
+        rank gave its share (at most cut_timeout seconds). Returns plain, picklable data
+        ``{"traincoord": 1, "run": RUN, "cut": ID}`` to save with the model; the same on every
+        rank. Raises CoordinatorError (code ``cut_incomplete``, naming the missing ranks) when
+        the others did not come in time, ``stale_generation`` when a newer group took over."""
+        self._ensure_group()
+        # The n-th call of this rank in its group gives its share of the group's n-th cut
+        # (counted per process, so a Phases made again in the same group goes on counting).
+        key = (self.run.url, self.run.run, self.run.group)
+        seq = _state_dicts.get(key, 0) + 1
+        _state_dicts[key] = seq
+        self._feed.flush()
+        parts = []
+        if self.current is not None:
+            for p in self.current._pending:
+                if 1 <= p.reported < len(p.samples):
+                    parts.append({"lease": p.job.lease, "batches": p.reported, **_result(p)})
+        rank, world_size = _rank_and_world_size()
+        reply = self.run.cut(seq, rank, world_size, parts)
+        cut = int(reply["cut"])
+        deadline = time.monotonic() + self.cut_timeout
+        pause = 0.005
+        while not reply["complete"]:
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(int(reply["world_size"]))) - set(reply["ranks"]))
+                raise CoordinatorError(
+                    f"cut {cut} (state_dict call {seq} of group {self.run.group}) "
+                    f"is not complete after {self.cut_timeout:g} s: ranks "
+                    f"{', '.join(map(str, missing))} of {reply['world_size']} gave no share. "
+                    "Every rank must call state_dict at the same step", code=CUT_INCOMPLETE)
+            time.sleep(pause)
+            pause = min(0.1, pause * 1.5)
+            reply = self.run.cut_info(cut)
+        return {"traincoord": 1, "run": self.run.run, "cut": cut}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores the cut a checkpoint holds (what ``state_dict`` returned): the coordinator
+        puts the run back as of the cut (jobs completed after it reopened, a partly trained job
+        reopened for its remaining batches, epochs and early stop after it undone) and makes
+        this rank's group the current one. Every rank calls it (the first does the work, the
+        others find it done), before iterating; raises RuntimeError after iteration started,
+        ValueError for a state_dict of another run, CoordinatorError for a cut the coordinator
+        does not keep (``cut_not_found``) or when this group restored another target
+        (``restore_conflict``)."""
+        self._before_iterating("load_state_dict")
+        if not isinstance(state_dict, Mapping) or state_dict.get("traincoord") != 1 or \
+                not isinstance(state_dict.get("cut"), int):
+            raise ValueError(f"not a traincoord.torch.Phases state_dict: {state_dict!r:.200}")
+        if state_dict.get("run") != self.run.run:
+            raise ValueError(f"the state_dict is of run {state_dict.get('run')!r}, this Phases "
+                             f"of run {self.run.run!r}")
+        self._ensure_group()
+        self.run.restore(cut=state_dict["cut"])
+        self._read_status()
+
+    def start_fresh(self) -> None:
+        """Goes on from the coordinator's ledger as it is, without restoring a cut: what a
+        restarted group without a checkpoint calls (jobs completed before are not trained
+        again, though the fresh model never saw them). Before iterating, on every rank; needed
+        only when the run has cuts (else the group simply takes the run over)."""
+        self._before_iterating("start_fresh")
+        self._ensure_group()
+        took_over = self.run.group_state == "current" and self.run.latest_cut is None
+        try:
+            self.run.restore(fresh=True)
+        except CoordinatorError as e:
+            # The group took the run over as it registered (the run had no cut): the ledger
+            # is already the one it goes on from.
+            if e.code != RESTORE_CONFLICT or not took_over:
+                raise
+        self._read_status()
+
+    def _before_iterating(self, what: str) -> None:
+        if self._iterating:
+            raise RuntimeError(f"{what} must be called before iterating over the phases (the "
+                               "coordinator has handed this rank jobs already)")
+
+    def _ensure_group(self) -> None:
+        if not self.run.group:
+            self.run.set_group(_process_group())
 
     def sampler(self, set_name: str) -> EpochSampler:
         """A batch sampler that follows the current phase of `set_name`, for one DataLoader
@@ -241,6 +363,7 @@ class Phases:
         job._samples = [order.batch(job.epoch, b) for b in job.batches]
 
     def __iter__(self) -> Iterator[Phase]:
+        self._iterating = True
         try:
             while True:
                 if self.current is not None:
@@ -325,6 +448,52 @@ class Phases:
             if record["closed"] and key not in self._announced:
                 self._announced.add(key)
                 self._on_epoch_end(record["set"], record["epoch"], record)
+
+
+_GROUP_CHARS = re.compile(r"[^A-Za-z0-9._:/-]")
+_this_process_group: str | None = None
+_state_dicts: dict[tuple[str, str, str | None], int] = {}  # calls per (url, run, group)
+
+
+def _launcher_group() -> str | None:
+    """The group a launcher names ($TRAINCOORD_GROUP; torchrun's run id and restart count), or
+    one rank 0 of an initialized torch.distributed makes and broadcasts; None otherwise."""
+    if os.environ.get("TRAINCOORD_GROUP"):
+        return os.environ["TRAINCOORD_GROUP"]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if run_id and restarts is not None:
+        return _GROUP_CHARS.sub("-", f"{run_id}/{restarts}")[-128:]
+    dist = _distributed()
+    if dist is not None:
+        made = [f"ddp-{secrets.token_hex(8)}" if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(made, src=0)
+        return made[0]
+    return None
+
+
+def _process_group() -> str:
+    """A group of this process alone, the same for every Phases in it."""
+    global _this_process_group
+    if _this_process_group is None:
+        _this_process_group = f"proc-{secrets.token_hex(8)}"
+    return _this_process_group
+
+
+def _distributed() -> Any:
+    """torch.distributed when it is initialized, else None."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    dist = _distributed()
+    if dist is not None:
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def _check_sizes(run: str, config: Mapping[str, Any], batch_size: int,
