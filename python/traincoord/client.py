@@ -302,11 +302,15 @@ class Run:
     @classmethod
     def from_env(cls, **kwargs: Any) -> "Run":
         """The run that ``traincoord launch`` (or the user) describes in the environment:
-        TRAINCOORD_URL, TRAINCOORD_RUN and TRAINCOORD_WORKER."""
+        TRAINCOORD_URL, TRAINCOORD_RUN and TRAINCOORD_WORKER, and the group of this start of
+        the workers, TRAINCOORD_GROUP (``launch`` sets a new one for each restart of the group;
+        unset: ungrouped)."""
         try:
             url, run = os.environ["TRAINCOORD_URL"], os.environ["TRAINCOORD_RUN"]
         except KeyError as missing:
             raise CoordinatorError(f"environment variable {missing.args[0]} is not set") from None
+        if os.environ.get("TRAINCOORD_GROUP") and "group" not in kwargs:
+            kwargs["group"] = os.environ["TRAINCOORD_GROUP"]
         return cls(url, run, os.environ.get("TRAINCOORD_WORKER"), **kwargs)
 
     # ---- the loop -------------------------------------------------------------------------
