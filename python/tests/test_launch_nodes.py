@@ -46,7 +46,7 @@ print("done", flush=True)
 
 
 class Agent:
-    def __init__(self, tmp_path, url, node, *extra, nnodes="1:2", nproc=2, node_timeout=2):
+    def __init__(self, tmp_path, url, node, *extra, nnodes="1:2", nproc=2, node_timeout=4):
         self.log = open(tmp_path / f"{node}.log", "w+")
         self.proc = subprocess.Popen(
             [BINARY, "launch", "--url", url, "--run", "nodes", "--nnodes", nnodes,

@@ -1,0 +1,77 @@
+"""The digits DDP demo, elastic (scripts/demo-elastic, shortened): two `traincoord launch` agents
+of two ranks each, one rank killed (SIGKILL) mid-epoch, later a whole node's agent; the group
+restarts from its checkpoint each time (the model, the optimizer and the data's cut), the second
+time on one node; the run completes with every sample of every epoch in the final model exactly
+once (the script counts them into its checkpoints) and the demo's accuracy."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import BINARY, REPO, Server
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+EPOCHS = 5
+
+
+def status(url):
+    with urllib.request.urlopen(url + "/v1/runs/digits", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_a_killed_rank_and_a_killed_node_leave_every_sample_in_the_model_once(tmp_path):
+    config = (REPO / "examples/digits/digits.toml").read_text()
+    config = re.sub(r"epochs = \d+", f"epochs = {EPOCHS}", config)
+    config = re.sub(r'rule = "patience"', 'rule = "none"', config)
+    (tmp_path / "digits.toml").write_text(config)
+    server = Server(["--config", str(tmp_path / "digits.toml"), "--data-dir", str(tmp_path / "c")])
+    agents = {}
+    try:
+        for node in ("node-a", "node-b"):
+            log = open(tmp_path / f"{node}.log", "w+")
+            agents[node] = (subprocess.Popen(
+                [BINARY, "launch", "--url", server.url, "--run", "digits", "--nnodes", "1:2",
+                 "--nproc-per-node", "2", "--node", node, "--settle", "2", "--node-timeout", "5",
+                 "--grace", "5", "--max-restarts", "3", "--",
+                 "/usr/bin/python3", str(REPO / "examples/digits/train.py"),
+                 "--state", str(tmp_path / "state.pt"), "--checkpoint", str(tmp_path / "best.pt"),
+                 "--die-at-epoch", "1"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), log)
+        # Once train epoch 2 closed (after the killed rank's restart), node-b's agent dies.
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            epochs = status(server.url)["epochs"]
+            if any(e["set"] == "train" and e["epoch"] == 2 and e["closed"] for e in epochs):
+                break
+            assert agents["node-a"][0].poll() is None, (tmp_path / "node-a.log").read_text()
+            time.sleep(0.5)
+        else:
+            pytest.fail("train epoch 2 did not close")
+        agents["node-b"][0].send_signal(signal.SIGKILL)
+        code = agents["node-a"][0].wait(timeout=400)
+        out = (tmp_path / "node-a.log").read_text()
+        assert code == 0, out
+        s = status(server.url)
+        assert s["state"] == "completed", s["reason"]
+        # Two restarts: the killed rank's, then the lost node's; the last round on one node.
+        assert s["counters"]["restores"] == 2, s["counters"]
+        assert "node node-b lost" in out or "exited with" in out, out
+        assert "is node rank 0 of 1 (round 3, world size 2" in out, out
+        proof = f"every sample of train epochs 0..{EPOCHS - 1} in the final model exactly once: yes"
+        assert proof in out, out
+        dev = [e for e in s["epochs"] if e["set"] == "dev"]
+        assert dev[-1]["metrics"]["accuracy"] > 0.85, dev[-1]
+    finally:
+        for proc, log in agents.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
+        server.kill()
