@@ -547,7 +547,7 @@ int launch(const LaunchArgs& args) {
         (void)request("leave", node_body());
         break;
       }
-      wait_a_little(poll_ms);
+      wait_a_little(std::min<long>(poll_ms, 200));  // (a round forming: answer it soon)
       standing = standing_of(request("poll", node_body()));
       continue;
     }
