@@ -112,6 +112,9 @@ def main():
         phases.load_state_dict(saved["data"])  # the data goes on where the model stands
         if rank == 0:
             print(f"resumed from {args.state} (cut {saved['data']['cut']})", flush=True)
+    elif args.state:
+        checkpoint()  # a checkpoint before training: a restart before the first epoch ends
+        # begins again from here, not from the ledger
     first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     options = {"num_workers": args.loader_workers}
     for phase in phases:

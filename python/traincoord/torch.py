@@ -340,7 +340,7 @@ class Phases:
 
     def _ensure_group(self) -> None:
         if not self.run.group:
-            self.run.set_group(_process_group())
+            self.run.set_group(_launcher_group() or _process_group())
 
     def sampler(self, set_name: str) -> EpochSampler:
         """A batch sampler that follows the current phase of `set_name`, for one DataLoader

@@ -559,7 +559,7 @@ int launch(const LaunchArgs& args) {
     start_group();
     std::optional<std::string> failure;  // why this node's group stops
     bool round_ended = false;
-    while (running() > 0 && !failure && !round_ended) {
+    while (running() > 0 && !failure && !round_ended && !interrupted) {
       wait_a_little(200);
       int status = 0;
       pid_t pid;
@@ -590,7 +590,8 @@ int launch(const LaunchArgs& args) {
       }
     }
     if (interrupted) {
-      stop_group();
+      stop_group();  // (SIGTERM again, then SIGKILL after the grace period)
+      (void)request("leave", node_body());
       break;
     }
     if (!failure && !round_ended) {  // every rank of this node exited 0

@@ -110,13 +110,13 @@ Result<NodeAssignment> Rendezvous::join(const NodeJoin& j, TimeMs now) {
   if (j.node_timeout_ms < 100 || j.node_timeout_ms > 3'600'000) {
     return invalid_argument("node_timeout_ms", "must be between 100 and 3600000");
   }
-  drop_lost(now);
   if (!nodes_.empty() && (j.min_nodes != min_nodes_ || j.max_nodes != max_nodes_)) {
     return conflict("the agents of this run were started with --nnodes " +
                     std::to_string(min_nodes_) + ":" + std::to_string(max_nodes_) + ", node " +
                     j.node + " with " + std::to_string(j.min_nodes) + ":" +
                     std::to_string(j.max_nodes) + ": start every agent with the same --nnodes");
   }
+  drop_lost(now);  // (after the checks: a refused join changes nothing)
   min_nodes_ = j.min_nodes;
   max_nodes_ = j.max_nodes;
   settle_ms_ = j.settle_ms;
@@ -147,23 +147,25 @@ Result<NodeAssignment> Rendezvous::join(const NodeJoin& j, TimeMs now) {
 }
 
 Result<NodeAssignment> Rendezvous::poll(std::string_view node, TimeMs now) {
-  drop_lost(now);
+  // A refused request changes nothing (the journal keeps only accepted ones): look first.
   Node* n = find(node);
   if (n == nullptr) {
     return not_found("node " + std::string(node) +
                      " is not in the rendezvous (it left, or was lost): join again");
   }
-  n->last_seen = now;
+  n->last_seen = now;  // (it is heard now: not lost)
+  drop_lost(now);
+  n = find(node);
   maybe_form(now);
   return where(*n);
 }
 
 Result<void> Rendezvous::fail(std::string_view node, uint64_t round, std::string why,
                               TimeMs now) {
-  drop_lost(now);
   Node* n = find(node);
   if (n == nullptr) return not_found("node " + std::string(node) + " is not in the rendezvous");
   n->last_seen = now;
+  drop_lost(now);
   const bool member =
       formed_ && std::find(members_.begin(), members_.end(), node) != members_.end();
   if (round == round_ && member) end_round("node " + std::string(node) + ": " + why, now);

@@ -982,6 +982,19 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
                        " - 1 (a job trained whole is completed, not part of a cut); got " +
                        std::to_string(part.batches));
     }
+    if (existing != cuts_.end()) {
+      for (const Cut::Share& other : existing->shares) {
+        if (other.epoch_slot == it->second.epoch_slot && other.position == it->second.position) {
+          // Another rank's share has this job already (its lease expired and the job came
+          // here): the two trained parts would overlap.
+          return conflict("job " + std::to_string(other.position) + " of lease " +
+                              std::to_string(part.lease) + " is in another rank's share of cut " +
+                              std::to_string(existing->id) +
+                              " already (its lease there expired): take a new cut",
+                          error_reason::kLeaseNotHeld);
+        }
+      }
+    }
     shares.push_back(
         Cut::Share{it->second.epoch_slot, it->second.position, part.batches, part.completion});
   }

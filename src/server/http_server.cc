@@ -54,7 +54,13 @@ class HttpServer::Impl {
     inline_engine_ = n == 1;
   }
 
-  ~Impl() { stop(); }
+  ~Impl() {
+    stop();
+    // The sweepers' timers before the io_contexts they belong to (members go in reverse order
+    // of declaration, which would free the contexts first).
+    sweepers_.clear();
+    acceptor_.reset();
+  }
 
   Result<uint16_t> start() {
     if (options_.tls.enabled()) {
