@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -101,6 +102,15 @@ def status(url):
         return json.loads(r.read())
 
 
+def node_names(url):
+    """The nodes the coordinator's rendezvous knows (none before the first join)."""
+    try:
+        with urllib.request.urlopen(url + "/v1/runs/nodes/nodes", timeout=5) as r:
+            return [n["name"] for n in json.loads(r.read())["nodes"]]
+    except urllib.error.HTTPError:
+        return []
+
+
 def wait_for(what, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -115,6 +125,9 @@ def test_two_nodes_form_one_group_and_a_killed_rank_restarts_both(cluster, tmp_p
     server = serve()
     (tmp_path / "kill-3-rdzv-r1").touch()  # rank 3 (node 1's second) dies in round 1
     a = agent(server.url, "na", "--max-restarts", "2")
+    # Node ranks follow the order nodes first joined: na joins first, so nb is node 1 and
+    # holds rank 3.
+    wait_for(lambda: "na" in node_names(server.url))
     b = agent(server.url, "nb", "--max-restarts", "2")
     (code_a, out_a), (code_b, out_b) = a.wait(), b.wait()
     assert code_a == 0 and code_b == 0, out_a + out_b
