@@ -29,4 +29,12 @@ bool forbidden_in_text(char32_t c, TextKind kind);
 Result<void> validate_text(std::string_view field, std::string_view text, size_t max_bytes,
                            TextKind kind = TextKind::kName);
 
+// For a name that identifies something (a worker, a group, a node, a metric): returns nothing
+// when `text` (valid UTF-8, as validate_text checked) is in Unicode Normalization Form C and
+// holds no default-ignorable code point (U+200B ZERO WIDTH SPACE, U+00AD SOFT HYPHEN, the
+// variation selectors, ...), so that two names that look alike are the same bytes; else an
+// invalid_argument error naming `field`, the offending character or the NFC form to send.
+// ASCII text always passes, at the cost of one scan.
+Result<void> check_name_identity(std::string_view field, std::string_view text);
+
 }  // namespace traincoord

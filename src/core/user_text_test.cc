@@ -65,6 +65,30 @@ TEST(UserText, MessagesMayBeEmptyAndHoldTabsAndNewlinesButNoOtherControls) {
   EXPECT_FALSE(validate_text("reason", "\xc3", 1024, TextKind::kMessage));
 }
 
+TEST(UserText, ANameIsOneIdentityInNfcWithoutInvisibleCharacters) {
+  EXPECT_TRUE(check_name_identity("name", "w0"));
+  EXPECT_TRUE(check_name_identity("name", "r\xc3\xa9seau"));             // precomposed e-acute
+  EXPECT_TRUE(check_name_identity("name", "\xe4\xb8\xad\xe6\x96\x87"));  // CJK
+  auto decomposed = check_name_identity("name", "re\xcc\x81seau");
+  ASSERT_FALSE(decomposed);
+  EXPECT_EQ(decomposed.error().field, "name");
+  EXPECT_NE(decomposed.error().message.find("r\xc3\xa9seau"), std::string::npos);
+  for (const char* invisible : {"w0\xe2\x80\x8b",  // U+200B zero width space
+                                "w\xc2\xad"
+                                "0",               // U+00AD soft hyphen
+                                "\xe2\x81\xa0w0",  // U+2060 word joiner
+                                "w0\xef\xbb\xbf",  // U+FEFF zero width no-break space
+                                "w0\xef\xb8\x8f",  // U+FE0F variation selector 16
+                                "w\xe3\x85\xa4"
+                                "0"}) {  // U+3164 Hangul filler
+    auto r = check_name_identity("name", invisible);
+    EXPECT_FALSE(r) << invisible;
+    if (!r) {
+      EXPECT_NE(r.error().message.find("invisible"), std::string::npos) << r.error().message;
+    }
+  }
+}
+
 TEST(RunName, IsAsciiLettersDigitsDashUnderscoreDotNotStartingWithADot) {
   for (const char* ok : {"example", "sweep-lr3", "a.b_c", "admin", "runs", "x..y", "9"}) {
     EXPECT_TRUE(validate_run_name(ok)) << ok;

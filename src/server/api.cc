@@ -10,6 +10,8 @@
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 #include <boost/container/small_vector.hpp>
 
 #include "config/config_file.h"
@@ -47,6 +49,12 @@ Result<void> parse_body(const std::string& text, BodyDocument& doc) {
     doc.SetObject();
     return {};
   }
+  // RapidJSON stops at a NUL byte, so "{...}\0anything" would parse as "{...}". A NUL is never
+  // valid JSON text (inside a string it must be escaped as \u0000).
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    return invalid_argument("", "the body holds a NUL byte at offset " + std::to_string(nul) +
+                                    ": send the JSON text alone");
+  }
   // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
   doc.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(text.data(),
                                                                              text.size());
@@ -67,7 +75,12 @@ Result<void> parse_body(const std::string& text, BodyDocument& doc) {
 // "sample" must not be silently ignored).
 class Fields {
  public:
-  explicit Fields(const rapidjson::Value& object) : object_(object) {}
+  // `name_identity`: names (TextKind::kName strings, metric names) must also pass
+  // check_name_identity (off when replaying what was accepted before that rule).
+  Fields(const rapidjson::Value& object, bool name_identity)
+      : object_(object), name_identity_(name_identity) {}
+
+  bool name_identity() const { return name_identity_; }
 
   const rapidjson::Value* get(const char* key) {
     known_.push_back(key);
@@ -112,6 +125,9 @@ class Fields {
     if (!v->IsString()) return invalid_argument(key, std::string(key) + " must be a string");
     const std::string_view text(v->GetString(), v->GetStringLength());
     if (auto r = validate_text(key, text, max_bytes, kind); !r) return tl::unexpected(r.error());
+    if (kind == TextKind::kName && name_identity_) {
+      if (auto r = check_name_identity(key, text); !r) return tl::unexpected(r.error());
+    }
     return std::string(text);
   }
 
@@ -135,6 +151,7 @@ class Fields {
 
  private:
   const rapidjson::Value& object_;
+  bool name_identity_;
   // The keys read: literals, a handful per endpoint, so a short list scanned beats a set of
   // strings (which cost an allocation per field per request on the hot path); kept inline.
   boost::container::small_vector<std::string_view, 16> known_;
@@ -171,6 +188,11 @@ Result<Completion> read_completion(Fields& body) {
       if (auto r = validate_text("metric name", name, 64); !r) {
         return invalid_argument("metrics", r.error().message);
       }
+      if (body.name_identity()) {
+        if (auto r = check_name_identity("metric name", name); !r) {
+          return invalid_argument("metrics", r.error().message);
+        }
+      }
       if (!it->value.IsNumber() && !it->value.IsNull()) {
         return invalid_argument("metrics." + name, "metric " + name + " must be a number");
       }
@@ -200,7 +222,7 @@ Result<std::vector<LeaseCompletion>> read_completions(Fields& body) {
     const rapidjson::Value& item = (*list)[i];
     const std::string where = "completions[" + std::to_string(i) + "]";
     if (!item.IsObject()) return invalid_argument(where, where + " must be an object");
-    Fields fields(item);
+    Fields fields(item, body.name_identity());
     auto lease = fields.uint("lease");
     Result<Completion> completion = Completion{};
     if (lease) completion = read_completion(fields);
@@ -671,6 +693,7 @@ Result<Completed> Api::complete(Run& run, WorkerId worker, LeaseId lease,
 struct Api::ParseArena {
   char buffer[32 * 1024];
   rapidjson::MemoryPoolAllocator<> pool{buffer, sizeof buffer};
+  rapidjson::StringBuffer journal_buffer;  // the canonical body (reused: no allocation once grown)
 };
 
 Api::Api(Engine& engine, const Clock& clock, ApiLimits limits)
@@ -703,6 +726,7 @@ Result<std::vector<Completed>> Api::complete_all(Run& run, WorkerId worker,
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
   effect_ = Effect::kNone;
   idle_acquire_ = false;
+  journal_body_.clear();
   const std::string_view name = run_of(request.target);
   if (request.method != "POST" || name.empty()) return route(request);
   auto before = engine_.find(name);
@@ -984,8 +1008,7 @@ constexpr Endpoint kEndpoints[] = {
     {"node_join", "POST", "/v1/runs/{run}/nodes/join", Access::kRun, &Api::Request::node_join},
     {"node_poll", "POST", "/v1/runs/{run}/nodes/poll", Access::kRun, &Api::Request::node_poll},
     {"node_fail", "POST", "/v1/runs/{run}/nodes/fail", Access::kRun, &Api::Request::node_fail},
-    {"node_leave", "POST", "/v1/runs/{run}/nodes/leave", Access::kRun,
-     &Api::Request::node_leave},
+    {"node_leave", "POST", "/v1/runs/{run}/nodes/leave", Access::kRun, &Api::Request::node_leave},
     {"nodes", "GET", "/v1/runs/{run}/nodes", Access::kRun, &Api::Request::nodes},
     {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };
@@ -1042,6 +1065,24 @@ std::string_view Api::endpoint_of(std::string_view method, std::string_view targ
   return e ? e->name : "other";
 }
 
+namespace {
+
+// The canonical record of an accepted request: its parsed body written back compactly (no
+// whitespace, numbers in their shortest exact form), so that what the journal keeps of a
+// request is bounded by what the request may change, not by how many bytes it was sent in
+// (1 MiB of padding around a heartbeat journals as the heartbeat's few bytes). Unknown fields
+// were refused and every string is bounded, so the canonical body is bounded too. It replays
+// to the same state: the same values, parsed again.
+void write_canonical(const rapidjson::Value& doc, rapidjson::StringBuffer& out) {
+  out.Clear();
+  rapidjson::Writer<rapidjson::StringBuffer, rapidjson::UTF8<>, rapidjson::UTF8<>,
+                    rapidjson::CrtAllocator, rapidjson::kWriteNanAndInfFlag>
+      writer(out);
+  doc.Accept(writer);
+}
+
+}  // namespace
+
 std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   std::string allow;  // the methods the path allows, when it is an endpoint's
   const Endpoint* endpoint = find_endpoint(req.method, req.target, &allow);
@@ -1058,14 +1099,20 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   arena_->pool.Clear();
   BodyDocument doc(&arena_->pool, 1024, &arena_->pool);
   TC_TRY_REPLY(parse_body(req.body, doc));
-  Fields body(doc);
+  Fields body(doc, limits_.name_identity);
   r.body = &body;
   if (endpoint->grouped) {
     TC_TRY_ASSIGN(group, body.string("group", std::string(), kMaxGroupBytes));
     TC_TRY_REPLY(r.run->admit(group));
     r.group = std::move(group);
   }
-  return endpoint->handler(r);
+  auto result = endpoint->handler(r);
+  const auto* reply = std::get_if<HttpReply>(&result);
+  if (!reply || (reply->status >= 200 && reply->status < 300)) {
+    write_canonical(doc, arena_->journal_buffer);
+    journal_body_.assign(arena_->journal_buffer.GetString(), arena_->journal_buffer.GetSize());
+  }
+  return result;
 }
 
 Api::Request::Reply Api::Request::healthz(Request& r) {
@@ -1367,7 +1414,7 @@ Result<std::vector<CutPart>> read_cut_parts(Fields& body) {
     const rapidjson::Value& item = (*list)[i];
     const std::string where = "parts[" + std::to_string(i) + "]";
     if (!item.IsObject()) return invalid_argument(where, where + " must be an object");
-    Fields fields(item);
+    Fields fields(item, body.name_identity());
     CutPart part;
     auto lease = fields.uint("lease");
     auto batches = lease ? fields.uint("batches") : Result<uint64_t>(uint64_t{0});

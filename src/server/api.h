@@ -74,8 +74,12 @@ class ApiObserver {
 struct ApiLimits {
   size_t max_runs = 1000;
   size_t max_workers_per_run = 100'000;
-  // None: for replaying a journal, whose records were accepted under the limits of their day.
-  static ApiLimits none() { return {SIZE_MAX, SIZE_MAX}; }
+  // Names that identify (workers, groups, nodes, metrics) must be in NFC without invisible
+  // characters (check_name_identity, core/user_text.h).
+  bool name_identity = true;
+  // None: for replaying a journal, whose records were accepted under the limits (and the name
+  // rules) of their day.
+  static ApiLimits none() { return {SIZE_MAX, SIZE_MAX, false}; }
 };
 
 // What a request (or a parked acquire's retry) did to the state of its run, which says what
@@ -105,6 +109,10 @@ class Api {
 
   // What the last handle() or retry() did to its run's state (see Effect).
   Effect effect() const { return effect_; }
+  // After a handle() whose effect() is kChanged: what the journal keeps of the request's body,
+  // its canonical form (compact JSON of the parsed values; see api.cc). Empty for a request
+  // that was not accepted.
+  const std::string& journal_body() const { return journal_body_; }
   // After a retry() that changed state and answered a parked complete + next: the reply that
   // retry would have had as a plain acquire, which is how the journal keeps it. Else empty.
   const std::string& retried_as_acquire() const { return retried_as_acquire_; }
@@ -151,6 +159,7 @@ class Api {
   ApiObserver* observer_ = nullptr;
   ApiLimits limits_;
   Effect effect_ = Effect::kNone;
+  std::string journal_body_;
   std::string retried_as_acquire_;
   // Set by an acquire that found nothing and left its worker's request bookkeeping as it was:
   // unless an event was emitted on the way, it changed nothing.

@@ -82,7 +82,8 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
         case Effect::kNone:
           break;
         case Effect::kChanged:
-          record(run, t, RecordKind::kRequest, request.target, request.body,
+          // The request's canonical body, not the bytes it came in (padding is not kept).
+          record(run, t, RecordKind::kRequest, request.target, api_.journal_body(),
                  reply ? reply->status : kOutcomeParked,
                  reply ? std::string_view(reply->body) : "");
           touched.push_back(run);
