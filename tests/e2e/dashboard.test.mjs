@@ -286,12 +286,13 @@ test("a run of 3,000 epochs: the page charts them all, and a poll fetches only w
     await page.goto(server.url + "/?run=long");
     const points = async () => Number(await page.getAttribute("#epoch-chart", "data-points") || 0);
     await until("3,000 epochs charted", async () => (await points()) === 3000, 60000);
-    // The chart holds every epoch's loss, the first as the last.
+    // The chart holds every closed epoch's loss, the first as the last, and the open one (3000).
     const charted = await page.evaluate(() => ({ x: state.epochChart.data[0], y: state.epochChart.data[1] }));
-    assert.equal(charted.x.length, 3000);
-    assert.deepEqual([charted.x[0], charted.x[2999]], [0, 2999]);
+    assert.equal(charted.x.length, 3001);
+    assert.deepEqual([charted.x[0], charted.x[2999], charted.x[3000]], [0, 2999, 3000]);
     assert.ok(Math.abs(charted.y[0] - 1) < 1e-12 && Math.abs(charted.y[2999] - 1 / 3000) < 1e-12,
       `losses ${charted.y[0]}, ${charted.y[2999]}`);
+    assert.equal(charted.y[3000], null);
 
     // Five more epochs while the page polls: it charts them, fetching only what changed.
     const mark = replies.length;
