@@ -418,7 +418,7 @@ void write_cut(JsonWriter& j, const Cut& c, TimeMs now);
 
 // The status lists the latest `epochs` epochs (GET /v1/runs/{run}?epochs=N), and early
 // stopping's latest kObservedShown observations: a status a dashboard polls every second stays a
-// few kB however long the run (a run of 20,000 epochs listed them all: 4.5 MB). The others are
+// few kB however long the run (a run of 20,000 epochs listed them all: 5 MB). The others are
 // paged by GET .../epochs and GET .../history.
 constexpr uint64_t kEpochsShown = 100;
 constexpr uint64_t kMaxEpochsShown = 1000;
@@ -1149,9 +1149,10 @@ Result<uint64_t> query_uint(std::string_view target, std::string_view name, uint
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
   if (text->empty() || ec != std::errc() || end != text->data() + text->size() || v > max) {
-    return invalid_argument(
-        std::string(name),
-        "?" + std::string(name) + "= must be a whole number from 0 to " + std::to_string(max));
+    return invalid_argument(std::string(name),
+                            "?" + std::string(name) + "= must be a whole number" +
+                                (max == UINT64_MAX ? std::string(" (0 or more)")
+                                                   : " from 0 to " + std::to_string(max)));
   }
   return v;
 }
