@@ -99,8 +99,10 @@ function chart(el, key, series, { xName, yLog = false, best = false } = {}, old 
 
 // Per epoch, the closed value of `pick(epoch)` for `set` (null where not closed).
 function perEpoch(history, epochs, set, pick) {
+  const closed = new Map();
+  for (const e of history.epochs) if (e.set === set && e.closed) closed.set(e.epoch, e);
   return epochs.map((ep) => {
-    const e = history.epochs.find((x) => x.set === set && x.epoch === ep && x.closed);
+    const e = closed.get(ep);
     const v = e ? pick(e) : null;
     return v === undefined ? null : v;
   });
@@ -159,7 +161,7 @@ function drawMetrics(history, epochs) {
 
 function drawJobs(history, current) {
   const jobs = current ? history.jobs.filter((j) => j.set === current.set && j.epoch === current.epoch) : [];
-  jobs.sort((a, b) => b.ago_ms - a.ago_ms);
+  jobs.sort((a, b) => a.n - b.n);  // in the order they were counted
   state.jobChart = chart($("job-chart"), `jobs|${current ? current.set + current.epoch : ""}`, [
     { label: current ? `${current.set} epoch ${current.epoch}` : "loss", stroke: "#4a9b5f", width: 1, points: { show: true, size: 4 } },
   ], { xName: "job" }, state.jobChart);
@@ -276,14 +278,51 @@ function draw(status, history) {
   drawJobs(history, c);
 }
 
+// The run's history as this page keeps it between polls, so that a poll fetches only what
+// changed (docs/OBSERVABILITY.md): every epoch by its position in opening order, and the latest
+// completions with the number of the newest seen. Closed epochs do not change; a restore (which
+// may reopen them) gives the run a new generation, and the page then fetches it all again.
+const HISTORY_PAGE = 5000;   // epochs per request
+const JOBS_KEPT = 4096;      // completions kept, as the coordinator keeps them
+const kept = { run: null, generation: null, epochs: [], jobs: [], jobsSeen: 0 };
+
+function forget(run, generation) {
+  Object.assign(kept, { run, generation, epochs: [], jobs: [], jobsSeen: 0 });
+}
+
+// Brings `kept` up to date: the epochs from the oldest one not closed when last seen, and the
+// completions after the newest seen; a page at a time (bounded) until the history's end.
+async function fetchHistory(run) {
+  if (kept.run !== run) forget(run, null);
+  const name = encodeURIComponent(run);
+  for (let page = 0; page < 100; page++) {
+    let from = kept.epochs.findIndex((e) => !e.closed);
+    if (from < 0) from = kept.epochs.length;
+    const h = await json(`/v1/runs/${name}/history?from=${from}&limit=${HISTORY_PAGE}&jobs_after=${kept.jobsSeen}`);
+    if (h.generation !== kept.generation || h.epochs_total < kept.epochs.length || h.jobs_total < kept.jobsSeen) {
+      const first = kept.generation === null && kept.epochs.length === 0 && kept.jobsSeen === 0;
+      forget(run, h.generation);
+      if (!first) continue;  // (fetch it all again)
+    }
+    kept.epochs.length = Math.min(kept.epochs.length, h.epochs_from);
+    for (const e of h.epochs) kept.epochs.push(e);
+    for (const j of h.jobs) kept.jobs.push(j);
+    if (kept.jobs.length > JOBS_KEPT) kept.jobs.splice(0, kept.jobs.length - JOBS_KEPT);
+    kept.jobsSeen = h.jobs_total;
+    if (h.epochs_from + h.epochs.length >= h.epochs_total) break;
+  }
+  return { epochs: kept.epochs, jobs: kept.jobs };
+}
+
 async function tick() {
   try {
     const runs = (await json("/v1/runs")).runs;
     $("runs").innerHTML = runs.map((r) => `<a href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`).join("");
     if (!state.run && runs.length) state.run = runs[0].run;
     if (state.run) {
-      const name = encodeURIComponent(state.run);
-      const [status, history] = await Promise.all([json(`/v1/runs/${name}`), json(`/v1/runs/${name}/history`)]);
+      // The status without its list of epochs (the history has them), then what changed.
+      const status = await json(`/v1/runs/${encodeURIComponent(state.run)}?epochs=0`);
+      const history = await fetchHistory(state.run);
       draw(status, history);
       state.last = { status, history };
     }

@@ -128,3 +128,34 @@ def test_first_contact_fails_fast_with_a_clear_message(caplog):
     assert "retrying" in caplog.text and "http://127.0.0.1:9" in caplog.text
     with pytest.raises(traincoord.Unreachable, match="cannot resolve host"):
         traincoord.Run("http://no-such-host.invalid:8470", "r", first_contact_timeout=1.0)
+
+
+LONG_TOML = """
+name = "long"
+[data]
+train_samples = 4
+batch_size = 4
+[schedule]
+epochs = 150
+"""
+
+
+def test_a_rank_behind_by_more_epochs_than_the_status_lists_enters_and_announces_each(serve_toml):
+    """The status lists the latest 100 epochs (docs/API.md): a rank that another left 150 epochs
+    behind still gets every epoch as a phase, and on_epoch_end once for each, in order."""
+    server = serve_toml(LONG_TOML)
+    ends = []
+    with traincoord.Run(server.url, "long", "slow") as slow, \
+            traincoord.Run(server.url, "long", "fast") as fast:
+        phases = Phases(slow, batch_size=4, sizes={"train": 4},
+                        on_epoch_end=lambda s, e, record: ends.append((s, e, record["loss"])))
+        for job in fast.jobs(stop_at_wait=True):
+            job.complete(0.5, 4)
+        status = fast.status()
+        assert status["state"] == "completed"
+        assert (status["epochs_total"], status["epochs_from"], len(status["epochs"])) == (150, 50, 100)
+        assert [e["epoch"] for e in fast.epochs()] == list(range(150))
+        assert [e["epoch"] for e in fast.epochs(120)] == list(range(120, 150))
+        seen = [(phase.set, phase.epoch, phase.batches) for phase in phases]
+        assert seen == [("train", e, 0) for e in range(150)]
+        assert ends == [("train", e, 0.5) for e in range(150)]

@@ -429,8 +429,20 @@ class Run:
                 return job
 
     def status(self) -> dict[str, Any]:
-        """The run's status (GET /v1/runs/RUN): epochs, losses, workers, early stop, ..."""
+        """The run's status (GET /v1/runs/RUN): losses, workers, early stop, ... and the latest
+        100 epochs (``epochs_total`` were opened: ``epochs()`` lists them all)."""
         return self._request("GET", f"/v1/runs/{self.run}", None, 0)
+
+    def epochs(self, start: int = 0) -> list[dict[str, Any]]:
+        """The epochs opened from position `start` on (0: the first), in opening order, each as
+        the status lists it; paged through GET /v1/runs/RUN/epochs."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self._request("GET", f"/v1/runs/{self.run}/epochs?from={start + len(out)}",
+                                 None, 0)
+            out.extend(page["epochs"])
+            if not page["epochs"] or start + len(out) >= int(page["epochs_total"]):
+                return out
 
     @property
     def early_stop(self) -> dict[str, Any]:

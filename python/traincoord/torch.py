@@ -250,10 +250,13 @@ class Phases:
         restored cut)."""
         if status is None:
             status = self.run.status()
-        self._announced = {(e["set"], e["epoch"]) for e in status["epochs"] if e["closed"]}
+        epochs = status["epochs"]
+        if status.get("epochs_total", len(epochs)) > len(epochs):
+            epochs = self.run.epochs()  # (the status lists the latest epochs only)
+        self._announced = {(e["set"], e["epoch"]) for e in epochs if e["closed"]}
         self._seen: set[tuple[str, int]] = set(self._announced)
         # The epochs opened so far as this rank knows them, in opening order.
-        self._order = [(e["set"], e["epoch"]) for e in status["epochs"]]
+        self._order = [(e["set"], e["epoch"]) for e in epochs]
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -398,14 +401,18 @@ class Phases:
         finished). The run's status is read only when an epoch opened that this rank did not
         see open, or for on_epoch_end."""
         records = None
+        # The opened epochs are read from the first this rank has not passed (announced, with
+        # on_epoch_end) on: the place of those before it in the order is known.
+        behind = self._announced if self._on_epoch_end is not None else self._seen
+        start = next((i for i, k in enumerate(self._order) if k not in behind), len(self._order))
         if key is None or key not in self._order:
             if key is not None and self._feed.epochs_opened == len(self._order) + 1:
                 self._order.append(key)  # the one epoch opened since: no status needed
             else:
-                records = self.run.status()["epochs"]  # opened epochs, in opening order
-                self._order = [(e["set"], e["epoch"]) for e in records]
+                records = self.run.epochs(start)  # opened epochs, in opening order
+                self._order = self._order[:start] + [(e["set"], e["epoch"]) for e in records]
         if self._on_epoch_end is not None and records is None:
-            records = self.run.status()["epochs"]
+            records = self.run.epochs(start)
         for passed in self._order:
             if passed == key:
                 break

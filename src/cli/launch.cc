@@ -480,6 +480,10 @@ int launch(const LaunchArgs& args) {
     std::string lines;
     if (!d.HasParseError() && d.IsObject() && d.HasMember("epochs") && d["epochs"].IsArray()) {
       const auto& epochs = d["epochs"].GetArray();
+      // The status lists the latest epochs, from position epochs_from (docs/API.md).
+      const size_t from = d.HasMember("epochs_from") && d["epochs_from"].IsUint64()
+                              ? static_cast<size_t>(d["epochs_from"].GetUint64())
+                              : 0;
       // A restore may take epochs back: announce them again when they close again.
       size_t closed = 0;
       while (closed < epochs.Size() && epochs[closed].IsObject() &&
@@ -487,9 +491,14 @@ int launch(const LaunchArgs& args) {
              epochs[closed]["closed"].GetBool()) {
         ++closed;
       }
+      closed += from;
       if (closed < epochs_shown) epochs_shown = closed;
+      if (epochs_shown < from) {  // (more closed since the last report than the status lists)
+        lines += "[" + run_name + "] " + std::to_string(from - epochs_shown) + " epochs closed\n";
+        epochs_shown = from;
+      }
       for (; epochs_shown < closed; ++epochs_shown) {
-        lines += epoch_line(run_name, epochs[epochs_shown]) + "\n";
+        lines += epoch_line(run_name, epochs[epochs_shown - from]) + "\n";
       }
     }
     const std::string line = progress_line(*body);

@@ -173,6 +173,10 @@ void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_n
                   row.second.empty() ? "-" : row.second.c_str());
     out << line;
   }
+  if (uint_of(at(r, "epochs_from")).value_or(0) > 0) {  // (the status lists the latest epochs)
+    out << "(the latest of " << count(at(r, "epochs_total")) << " epochs opened; `traincoord "
+        << "history " << text(at(r, "run")) << "` lists them all)\n";
+  }
 
   const Value& es = at(r, "early_stop");
   out << "\nearly stop: " << text(at(es, "rule"));

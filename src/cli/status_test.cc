@@ -106,5 +106,17 @@ TEST(Status, AReplyWithMissingOrOddFieldsNeverCrashes) {
       << partial;
 }
 
+// The status lists the latest epochs of a long run: the table says the others exist.
+TEST(Status, ALongRunsTableSaysItShowsTheLatestEpochs) {
+  EXPECT_FALSE(contains(rendered(kStatus), "epochs opened"));
+  const std::string out = rendered(R"({"run": "r", "epochs_total": 20000, "epochs_from": 19998,
+      "epochs": [{"set": "train", "epoch": 9999, "closed": true, "loss": 0.5},
+                 {"set": "dev", "epoch": 9999, "closed": false, "loss": null}]})");
+  EXPECT_TRUE(contains(out, " 9999      0.5000   running\n")) << out;
+  EXPECT_TRUE(contains(out, "(the latest of 20000 epochs opened; `traincoord history r` lists "
+                            "them all)\n"))
+      << out;
+}
+
 }  // namespace
 }  // namespace traincoord::cli

@@ -438,7 +438,15 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
 
 void write_cut(JsonWriter& j, const Cut& c, TimeMs now);
 
-void write_status(JsonWriter& j, const Run& run, TimeMs now) {
+// The status lists the latest `epochs` epochs (GET /v1/runs/{run}?epochs=N), and early
+// stopping's latest kObservedShown observations: a status a dashboard polls every second stays a
+// few kB however long the run (a run of 20,000 epochs listed them all: 5 MB). The others are
+// paged by GET .../epochs and GET .../history.
+constexpr uint64_t kEpochsShown = 100;
+constexpr uint64_t kMaxEpochsShown = 1000;
+constexpr size_t kObservedShown = 100;
+
+void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown) {
   const Plan& plan = run.plan();
   j.begin_object();
   j.field("run", run.config().name);
@@ -486,8 +494,14 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now) {
   } else {
     j.null();
   }
+  // Epochs are numbered from 0 in opening order (their position): `epochs_total` were opened,
+  // and the list holds positions epochs_from .. epochs_total - 1.
+  const auto& epochs = run.epochs();
+  const size_t from = epochs.size() - std::min<size_t>(epochs.size(), epochs_shown);
+  j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
+  j.field("epochs_from", static_cast<uint64_t>(from));
   j.key("epochs").begin_array();
-  for (const Epoch& e : run.epochs()) write_epoch(j, e, now);
+  for (size_t i = from; i < epochs.size(); ++i) write_epoch(j, epochs[i], now);
   j.end_array();
 
   const EarlyStopState& es = run.early_stop().state();
@@ -510,8 +524,11 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now) {
     j.null();
   }
   j.field("reason", es.reason);
+  j.field("observed_total", static_cast<uint64_t>(es.observed.size()));
   j.key("observed").begin_array();
-  for (const auto& [epoch, value] : es.observed) {
+  for (size_t i = es.observed.size() - std::min(es.observed.size(), kObservedShown);
+       i < es.observed.size(); ++i) {
+    const auto& [epoch, value] = es.observed[i];
     j.begin_object().field("epoch", epoch).field("value", value).end_object();
   }
   j.end_array();
@@ -959,6 +976,7 @@ struct Api::Request {
   static Reply create_run(Request& r);
   static Reply status(Request& r);
   static Reply history(Request& r);
+  static Reply epochs(Request& r);
   static Reply cancel(Request& r);
   static Reply register_worker(Request& r);
   static Reply next_index(Request& r);
@@ -993,6 +1011,7 @@ constexpr Endpoint kEndpoints[] = {
     {"create_run", "POST", "/v1/runs", Access::kAdmin, &Api::Request::create_run},
     {"status", "GET", "/v1/runs/{run}", Access::kRun, &Api::Request::status},
     {"history", "GET", "/v1/runs/{run}/history", Access::kRun, &Api::Request::history},
+    {"epochs", "GET", "/v1/runs/{run}/epochs", Access::kRun, &Api::Request::epochs},
     {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
     {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
     {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat, true},
@@ -1147,14 +1166,6 @@ Api::Request::Reply Api::Request::create_run(Request& r) {
   return reply;
 }
 
-Api::Request::Reply Api::Request::status(Request& r) {
-  // No expire_leases() here: a GET changes nothing, so that replaying the log of POSTs
-  // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
-  JsonWriter j;
-  write_status(j, *r.run, r.now);
-  return ok(j);
-}
-
 namespace {
 
 // The value of `name` in the query string of `target` ("/x?format=csv&b=1"), undecoded; nullopt
@@ -1174,6 +1185,49 @@ std::optional<std::string_view> query_param(std::string_view target, std::string
     query = query.substr(amp + 1);
   }
   return std::nullopt;
+}
+
+// The query parameter `name` of `target` as a whole number from 0 to `max`; `fallback` when the
+// query does not name it. A 400 invalid_argument naming the parameter otherwise.
+Result<uint64_t> query_uint(std::string_view target, std::string_view name, uint64_t fallback,
+                            uint64_t max) {
+  const std::optional<std::string_view> text = query_param(target, name);
+  if (!text) return fallback;
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (text->empty() || ec != std::errc() || end != text->data() + text->size() || v > max) {
+    return invalid_argument(std::string(name),
+                            "?" + std::string(name) + "= must be a whole number" +
+                                (max == UINT64_MAX ? std::string(" (0 or more)")
+                                                   : " from 0 to " + std::to_string(max)));
+  }
+  return v;
+}
+
+// The positions `from` .. `from + limit` of `count` epochs, clipped to those there are.
+std::pair<size_t, size_t> epoch_range(size_t count, uint64_t from, uint64_t limit) {
+  const size_t begin = static_cast<size_t>(std::min<uint64_t>(from, count));
+  return {begin, begin + static_cast<size_t>(std::min<uint64_t>(limit, count - begin))};
+}
+
+// The recent completions a history lists: those numbered after `jobs_after`. A completion's
+// number is its place among the run's counted completions (counters.completions_accepted is
+// the newest one's), so a poller that remembers the last it saw asks only for the newer ones.
+struct RecentJobs {
+  size_t begin = 0;      // index of the first listed in recent_completions()
+  uint64_t first_n = 0;  // the number of recent_completions()[0]
+  uint64_t total = 0;    // the number of the newest counted completion
+};
+
+RecentJobs recent_jobs(const Run& run, uint64_t jobs_after) {
+  const auto& recent = run.recent_completions();
+  RecentJobs r;
+  r.total = run.counters().completions_accepted;
+  r.first_n = r.total - std::min<uint64_t>(r.total, recent.size()) + 1;
+  if (jobs_after >= r.first_n) {
+    r.begin = static_cast<size_t>(std::min<uint64_t>(jobs_after - r.first_n + 1, recent.size()));
+  }
+  return r;
 }
 
 // The fields of one epoch of the history (JSON and JSON lines).
@@ -1197,8 +1251,8 @@ void write_history_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
 }
 
 // The fields of one recent completion of the history (JSON and JSON lines).
-void write_history_job(JsonWriter& j, const RecentCompletion& c, TimeMs now) {
-  j.field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
+void write_history_job(JsonWriter& j, const RecentCompletion& c, uint64_t n, TimeMs now) {
+  j.field("n", n).field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
   j.field("loss", c.loss).field("ago_ms", now - c.time);
 }
 
@@ -1228,10 +1282,11 @@ std::string csv_number(double v) {
 
 // The history as CSV: a header, then a row per epoch, then a row per recent completion; the
 // `kind` column says which. One `metric.NAME` column per metric any epoch holds.
-std::string history_csv(const Run& run, TimeMs now) {
+std::string history_csv(const Run& run, std::pair<size_t, size_t> epochs, const RecentJobs& jobs,
+                        TimeMs now) {
   std::vector<std::string> names;
-  for (const Epoch& e : run.epochs()) {
-    for (const Epoch::MetricSum& ms : e.metrics) {
+  for (size_t i = epochs.first; i < epochs.second; ++i) {
+    for (const Epoch::MetricSum& ms : run.epochs()[i].metrics) {
       if (std::find(names.begin(), names.end(), ms.name) == names.end()) names.push_back(ms.name);
     }
   }
@@ -1241,7 +1296,8 @@ std::string history_csv(const Run& run, TimeMs now) {
     csv_field(out, "metric." + n);
   }
   out += "\r\n";
-  for (const Epoch& e : run.epochs()) {
+  for (size_t i = epochs.first; i < epochs.second; ++i) {
+    const Epoch& e = run.epochs()[i];
     out += "epoch,";
     out += set_name(e.plan.set);
     out += ',' + std::to_string(e.plan.epoch) + ",," + (e.closed() ? "true" : "false") + ',';
@@ -1256,7 +1312,8 @@ std::string history_csv(const Run& run, TimeMs now) {
     }
     out += "\r\n";
   }
-  for (const RecentCompletion& c : run.recent_completions()) {
+  for (size_t i = jobs.begin; i < run.recent_completions().size(); ++i) {
+    const RecentCompletion& c = run.recent_completions()[i];
     out += "job,";
     out += set_name(c.set);
     out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," + csv_number(c.loss) +
@@ -1269,46 +1326,82 @@ std::string history_csv(const Run& run, TimeMs now) {
 
 }  // namespace
 
+Api::Request::Reply Api::Request::status(Request& r) {
+  // No expire_leases() here: a GET changes nothing, so that replaying the log of POSTs
+  // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
+  TC_TRY_ASSIGN(shown, query_uint(r.http.target, "epochs", kEpochsShown, kMaxEpochsShown));
+  JsonWriter j;
+  write_status(j, *r.run, r.now, shown);
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::epochs(Request& r) {
+  TC_TRY_ASSIGN(from, query_uint(r.http.target, "from", 0, UINT64_MAX));
+  TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", kMaxEpochsShown, kMaxEpochsShown));
+  const auto& epochs = r.run->epochs();
+  const auto [begin, end] = epoch_range(epochs.size(), from, limit);
+  JsonWriter j;
+  j.begin_object().field("run", r.run->config().name).field("generation", r.run->generation());
+  j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
+  j.field("epochs_from", static_cast<uint64_t>(begin));
+  j.key("epochs").begin_array();
+  for (size_t i = begin; i < end; ++i) write_epoch(j, epochs[i], r.now);
+  j.end_array().end_object();
+  return ok(j);
+}
+
 Api::Request::Reply Api::Request::history(Request& r) {
   const std::string_view format = query_param(r.http.target, "format").value_or("json");
-  if (format == "csv") {
-    return HttpReply{200, history_csv(*r.run, r.now), {}, "text/csv; charset=utf-8"};
-  }
-  if (format == "jsonl") {
-    std::string out;
-    for (const Epoch& e : r.run->epochs()) {
-      JsonWriter j;
-      j.begin_object().field("kind", "epoch");
-      write_history_epoch(j, e, r.now);
-      out += j.end_object().take();
-      out += '\n';
-    }
-    for (const RecentCompletion& c : r.run->recent_completions()) {
-      JsonWriter j;
-      j.begin_object().field("kind", "job");
-      write_history_job(j, c, r.now);
-      out += j.end_object().take();
-      out += '\n';
-    }
-    return HttpReply{200, std::move(out), {}, "application/x-ndjson"};
-  }
-  if (format != "json") {
+  if (format != "json" && format != "csv" && format != "jsonl") {
     return error_reply(
         400, "invalid_argument",
         "format must be json, csv or jsonl, not \"" + std::string(format.substr(0, 32)) + "\"",
         "format");
   }
+  // Without these, the whole history (an export); with them, a page of epochs and the
+  // completions newer than one the caller saw (docs/API.md).
+  TC_TRY_ASSIGN(from, query_uint(r.http.target, "from", 0, UINT64_MAX));
+  TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", UINT64_MAX, UINT64_MAX));
+  TC_TRY_ASSIGN(jobs_after, query_uint(r.http.target, "jobs_after", 0, UINT64_MAX));
+  const Run& run = *r.run;
+  const auto range = epoch_range(run.epochs().size(), from, limit);
+  const RecentJobs jobs = recent_jobs(run, jobs_after);
+  const auto& recent = run.recent_completions();
+  if (format == "csv") {
+    return HttpReply{200, history_csv(run, range, jobs, r.now), {}, "text/csv; charset=utf-8"};
+  }
+  if (format == "jsonl") {
+    std::string out;
+    for (size_t i = range.first; i < range.second; ++i) {
+      JsonWriter j;
+      j.begin_object().field("kind", "epoch");
+      write_history_epoch(j, run.epochs()[i], r.now);
+      out += j.end_object().take();
+      out += '\n';
+    }
+    for (size_t i = jobs.begin; i < recent.size(); ++i) {
+      JsonWriter j;
+      j.begin_object().field("kind", "job");
+      write_history_job(j, recent[i], jobs.first_n + i, r.now);
+      out += j.end_object().take();
+      out += '\n';
+    }
+    return HttpReply{200, std::move(out), {}, "application/x-ndjson"};
+  }
   JsonWriter j;
-  j.begin_object().field("run", r.run->config().name).key("epochs").begin_array();
-  for (const Epoch& e : r.run->epochs()) {
+  j.begin_object().field("run", run.config().name).field("generation", run.generation());
+  j.field("epochs_total", static_cast<uint64_t>(run.epochs().size()));
+  j.field("epochs_from", static_cast<uint64_t>(range.first));
+  j.key("epochs").begin_array();
+  for (size_t i = range.first; i < range.second; ++i) {
     j.begin_object();
-    write_history_epoch(j, e, r.now);
+    write_history_epoch(j, run.epochs()[i], r.now);
     j.end_object();
   }
-  j.end_array().key("jobs").begin_array();
-  for (const RecentCompletion& c : r.run->recent_completions()) {
+  j.end_array().field("jobs_total", jobs.total).key("jobs").begin_array();
+  for (size_t i = jobs.begin; i < recent.size(); ++i) {
     j.begin_object();
-    write_history_job(j, c, r.now);
+    write_history_job(j, recent[i], jobs.first_n + i, r.now);
     j.end_object();
   }
   j.end_array().end_object();
@@ -1782,7 +1875,7 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
     TC_TRY_ASSIGN(wait_ms, r.body->uint("wait_ms", uint64_t{0}, kMaxWaitMs));
     TC_TRY_ASSIGN(request, r.body->uint("request", uint64_t{0}, UINT64_MAX));
     TC_TRY_ASSIGN(jobs, read_jobs(*r.body));
-    // How many epochs the worker knows were opened (the length of the status's "epochs"):
+    // How many epochs the worker knows were opened (the status's "epochs_total"):
     // when more were, a wait is answered at once instead of parked (docs/API.md).
     TC_TRY_ASSIGN(known, r.body->uint("epochs_opened", UINT64_MAX, UINT64_MAX));
     TC_TRY_REPLY(r.body->no_unknown_fields());

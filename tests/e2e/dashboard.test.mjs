@@ -5,6 +5,9 @@
 // logarithmic, each reported metric has its chart with the server's values, the best epoch is
 // marked, 1,002 workers make a table of 20 and a summary row, and a checkpoint cut and its
 // restore by a new group show in the cuts panel and stand out in the events. Saves a screenshot.
+// A run of 3,000 epochs: the page charts them all, and each poll after the first fetches only
+// what changed (a status without its epochs, the epochs from the oldest open one, the newer
+// completions), a few kB however long the run.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -228,6 +231,97 @@ test("the dashboard shows the run live: progress advances and the loss curve gro
   } finally {
     if (browser) await browser.close();
     for (const c of children) c.kill("SIGKILL");
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+const LONG_RUN = `
+name = "long"
+[data]
+train_batches = 1
+dev_batches = 0
+[schedule]
+epochs = 100000
+`;
+
+test("a run of 3,000 epochs: the page charts them all, and a poll fetches only what changed", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "traincoord-dash-"));
+  let serverProc;
+  let browser;
+  try {
+    const config = join(dir, "long.toml");
+    writeFileSync(config, LONG_RUN);
+    const server = await startServer(config);
+    serverProc = server.proc;
+    const api = async (path, body) => {
+      const r = await fetch(server.url + path, body === undefined ? {} :
+        { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } });
+      assert.ok(r.ok, `${path}: HTTP ${r.status}`);
+      return r.json();
+    };
+    // One job an epoch, trained through the API: epoch i closes with loss 1 / (i + 1).
+    const worker = (await api("/v1/runs/long/workers", { name: "w" })).worker;
+    let lease = (await api("/v1/runs/long/acquire", { worker })).job.lease;
+    let trained = 0;
+    const train = async (epochs) => {
+      for (let i = 0; i < epochs; i++, trained++) {
+        const r = await api("/v1/runs/long/complete", { worker, lease, loss: 1 / (trained + 1), next: true });
+        assert.equal(r.outcome, "accepted");
+        lease = r.next.job.lease;
+      }
+    };
+    await train(3000);
+    const full = await fetch(server.url + "/v1/runs/long/history");
+    const fullBytes = (await full.arrayBuffer()).byteLength;
+
+    browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+      args: ["--no-sandbox", "--disable-gpu"] });
+    const page = await browser.newPage({ viewport: { width: 1200, height: 900 } });
+    const replies = [];  // every reply the page got from the run's endpoints, with its size
+    page.on("response", async (r) => {
+      if (!r.url().includes("/v1/runs/long")) return;
+      const body = await r.body().catch(() => null);
+      replies.push({ url: new URL(r.url()), bytes: body ? body.length : -1 });
+    });
+    await page.goto(server.url + "/?run=long");
+    const points = async () => Number(await page.getAttribute("#epoch-chart", "data-points") || 0);
+    await until("3,000 epochs charted", async () => (await points()) === 3000, 60000);
+    // The chart holds every closed epoch's loss, the first as the last, and the open one (3000).
+    const charted = await page.evaluate(() => ({ x: state.epochChart.data[0], y: state.epochChart.data[1] }));
+    assert.equal(charted.x.length, 3001);
+    assert.deepEqual([charted.x[0], charted.x[2999], charted.x[3000]], [0, 2999, 3000]);
+    assert.ok(Math.abs(charted.y[0] - 1) < 1e-12 && Math.abs(charted.y[2999] - 1 / 3000) < 1e-12,
+      `losses ${charted.y[0]}, ${charted.y[2999]}`);
+    assert.equal(charted.y[3000], null);
+
+    // Five more epochs while the page polls: it charts them, fetching only what changed.
+    const mark = replies.length;
+    for (let i = 0; i < 5; i++) {
+      await train(1);
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    await until("3,005 epochs charted", async () => (await points()) === 3005);
+    const polled = replies.length;
+    await until("two more polls", async () => replies.length >= polled + 4);
+    const later = replies.slice(mark);
+    const statuses = later.filter((r) => r.url.pathname === "/v1/runs/long");
+    const histories = later.filter((r) => r.url.pathname === "/v1/runs/long/history");
+    assert.ok(statuses.length >= 2 && histories.length >= 2, `polls: ${later.map((r) => r.url.search)}`);
+    for (const r of statuses) {
+      assert.equal(r.url.searchParams.get("epochs"), "0", `a status without epochs: ${r.url}`);
+      assert.ok(r.bytes > 0 && r.bytes < 16384, `a status of ${r.bytes} bytes`);
+    }
+    for (const r of histories) {
+      assert.ok(Number(r.url.searchParams.get("from")) >= 2999, `the epochs from the open one: ${r.url}`);
+      assert.ok(r.bytes > 0 && r.bytes < 16384, `a history of ${r.bytes} bytes: ${r.url}`);
+    }
+    const perPoll = Math.max(...later.map((r) => r.bytes));
+    console.log(`long run: the whole history ${fullBytes} bytes; a poll after the first at most ` +
+      `${perPoll} bytes a request`);
+    assert.ok(fullBytes > 100000 && perPoll < fullBytes / 10);
+  } finally {
+    if (browser) await browser.close();
+    if (serverProc) serverProc.kill("SIGKILL");
     rmSync(dir, { recursive: true, force: true });
   }
 });
