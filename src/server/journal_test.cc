@@ -234,6 +234,13 @@ void rewrite_as_schema(const std::string& dir, int version) {
   ASSERT_GT(records.size(), 100u);
   auto db = sqlite::Db::open(dir + "/traincoord.db", false);
   ASSERT_TRUE(db);
+  // Schema 4: no view counted_completions, no checksum on completion_batches.
+  ASSERT_TRUE(db->exec("DROP VIEW counted_completions; ALTER TABLE completion_batches DROP "
+                       "COLUMN sum"));
+  if (version == 4) {
+    ASSERT_TRUE(db->exec("PRAGMA user_version = 4"));
+    return;
+  }
   // Schema 3: no checksums, and records without their outcome (as encode_record wrote them:
   // kind, time, target, body).
   {
@@ -332,7 +339,36 @@ TEST_P(StoreUpgrade, RestoresTheSameRunAndKeepsEveryCompletion) {
             "0");
 }
 
-INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2, 3, 4));
+
+// Issue 31, item 3: a schema 4 database whose runs schema 3 began (NULL checksums, log rows
+// without outcomes, then rows with them) is upgraded to schema 5 with every checksum filled in
+// and the chains whole: it restores the same run, and then a NULL is damage.
+TEST(StoreUpgrade, FromSchema3Through4FillsEveryChecksum) {
+  TempDir dir;
+  std::string before;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 6);
+    before = saved_state(h.engine());
+  }
+  rewrite_as_schema(dir.path(), 3);
+  {
+    // Schema 3 -> 4 (as a server of schema 4 did), then more rows with checksums.
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("ALTER TABLE runs ADD COLUMN sum INTEGER; ALTER TABLE snapshots ADD "
+                         "COLUMN chain INTEGER; ALTER TABLE snapshots ADD COLUMN sum INTEGER; "
+                         "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version = 4"));
+  }
+  expect_restores(dir.path(), /*read_only=*/true, before);
+  expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to 5
+  auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+  EXPECT_EQ(db->scalar("PRAGMA user_version").value(), "5");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM log WHERE sum IS NULL").value(), "0");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM runs WHERE sum IS NULL").value(), "0");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM completion_batches WHERE sum IS NULL").value(), "0");
+  expect_restores(dir.path(), /*read_only=*/true, before);  // as schema 5, strictly
+}
 
 TEST(Store, RefusesAFileThatIsNotADatabase) {
   TempDir dir;
@@ -879,6 +915,11 @@ TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
   EXPECT_EQ(losses(), "3.0");
   ASSERT_NO_FATAL_FAILURE(start_and_commit(dir.path()));  // and after a restart
   EXPECT_EQ(losses(), "3.0");
+  // `completions` keeps every accepted completion; `counted_completions` those counted now.
+  auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), "8");
+  EXPECT_EQ(db->scalar("SELECT count(*) || ' ' || sum(loss) FROM counted_completions").value(),
+            "4 12.0");
 }
 
 }  // namespace

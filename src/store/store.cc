@@ -33,6 +33,14 @@ const char* kCompletionsView =
     "json_extract(c.value, '$[7]') AS metrics, json_extract(c.value, '$[8]') AS time_ms "
     "FROM completion_batches b, json_each(b.rows) c;";
 
+// The completions the run's lineage counts (schema 5): of each job, its latest completion. A
+// restore of a cut withdraws the completions made after the cut; the jobs are trained again,
+// and their new completions replace the withdrawn ones here (`completions` keeps them all).
+const char* kCountedCompletionsView =
+    "CREATE VIEW counted_completions AS SELECT run, lease, worker, set_name, epoch, job, loss, "
+    "samples, metrics, time_ms FROM (SELECT *, row_number() OVER (PARTITION BY run, set_name, "
+    "epoch, job ORDER BY lease DESC) AS nth FROM completions) WHERE nth = 1;";
+
 // Checksums (schema 4; schema 5 fills those schema 3 left NULL, and reads a NULL as damage):
 // completion_batches.sum (schema 5), a chain over all its rows in id order (batch_sum);
 // runs.sum, of the config
@@ -65,10 +73,10 @@ CREATE TABLE log (                   -- every state-changing request since the s
   sum INTEGER
 );
 CREATE TABLE completion_batches (    -- the accepted completions of a run, a commit's per row:
-  id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below)
-  run TEXT NOT NULL,
-  rows TEXT NOT NULL,                -- JSON: [[lease, worker, set, epoch, job, loss, samples,
-  sum INTEGER                        --         metrics, time_ms], ...]
+  id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below); rows:
+  run TEXT NOT NULL,                 -- JSON [[lease, worker, set, epoch, job, loss, samples,
+  rows TEXT NOT NULL,                --       metrics, time_ms], ...]
+  sum INTEGER
 );
 CREATE TABLE epochs (
   run TEXT NOT NULL,
@@ -267,7 +275,11 @@ Result<void> migrate_from_3(sqlite::Db& db) {
 // run's chain made whole again from its snapshot, and a chain over completion_batches. Rows
 // that carry a checksum are checked first, as a start would: a migration blesses no damage.
 Result<void> migrate_from_4(sqlite::Db& db) {
-  if (auto r = db.exec("BEGIN; ALTER TABLE completion_batches ADD COLUMN sum INTEGER"); !r) {
+  if (auto r = db.exec(std::string("BEGIN; ALTER TABLE completion_batches ADD COLUMN sum "
+                                    "INTEGER;") +
+                        kCountedCompletionsView);
+      !r) {
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return r;
   }
   auto fail = [&](Error e) -> Result<void> {
@@ -516,7 +528,7 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
   // -shm and -journal as they are. Each of them that exists must be a regular file (of the
   // user's, read-write) with one link, checked here before SQLite opens any.
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
-    if (auto r = dir->check_existing(std::string(kFileName) + suffix); !r) {
+    if (auto r = dir->check_existing(std::string(kFileName) + suffix, !options.read_only); !r) {
       return tl::unexpected(r.error());
     }
   }
@@ -585,6 +597,7 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     if (fresh) {
       if (auto r =
               db->exec(std::string("BEGIN;") + kSchema + kCompletionsView +
+                       kCountedCompletionsView +
                        "PRAGMA application_id=" + std::to_string(kApplicationId) +
                        "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
           !r) {

@@ -221,7 +221,7 @@ TEST(DurabilityE2E, AFullDiskRefusesNewWorkAndKeepsWhatWasAccepted) {
   std::filesystem::create_directory(disk);
   auto server = ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir", disk,
                                       "--durability", "os", "--min-free-disk", "4"},
-                                     0, TRAINCOORD_BIN, on_tmpfs(disk, "size=16m"));
+                                     0, TRAINCOORD_BIN, on_tmpfs(disk, "size=16m,mode=0700"));
   ASSERT_NE(server, nullptr);
   const uint16_t port = server->port();
   ASSERT_EQ(request(port, "POST", "/v1/runs/d/workers", R"({"name": "w0"})"), 200);
@@ -274,7 +274,7 @@ TEST(DurabilityE2E, AStartOnAFullOrReadOnlyDiskIsRefused) {
   std::filesystem::create_directory(disk);
   int status = 0;
   std::string said =
-      run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=8m tmpfs " + disk +
+      run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=8m,mode=0700 tmpfs " + disk +
                       " && head -c 7000000 "
                       "/dev/zero > " +
                       disk + "/filler && exec " + TRAINCOORD_BIN + " serve --config " + config +
