@@ -42,7 +42,8 @@ const char* kCountedCompletionsView =
     "epoch, job ORDER BY lease DESC) AS nth FROM completions) WHERE nth = 1;";
 
 // Checksums (schema 4; schema 5 fills those schema 3 left NULL, and reads a NULL as damage):
-// completion_batches.sum (schema 5), a chain over all its rows in id order (batch_sum);
+// completion_batches.sum (schema 5), a chain over all its rows in id order (batch_sum; its
+// `rows` are JSON: [[lease, worker, set, epoch, job, loss, samples, metrics, time_ms], ...]);
 // runs.sum, of the config
 // (config_sum); snapshots.chain, the run's checksum chain at `seq`, and snapshots.sum, of the
 // state (snapshot_sum); log.sum, the run's chain through that row (row_sum). (Comments stay
@@ -73,9 +74,9 @@ CREATE TABLE log (                   -- every state-changing request since the s
   sum INTEGER
 );
 CREATE TABLE completion_batches (    -- the accepted completions of a run, a commit's per row:
-  id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below); rows:
-  run TEXT NOT NULL,                 -- JSON [[lease, worker, set, epoch, job, loss, samples,
-  rows TEXT NOT NULL,                --       metrics, time_ms], ...]
+  id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below)
+  run TEXT NOT NULL,
+  rows TEXT NOT NULL,
   sum INTEGER
 );
 CREATE TABLE epochs (
