@@ -1095,9 +1095,9 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
         return x.plan.set == c.set && x.plan.epoch == c.epoch;
       });
       if (e == epochs_.end()) return true;
-      const bool resolved = c.job < e->cursor && !e->active.contains(c.job) &&
-                            std::find(e->requeue.begin(), e->requeue.end(), c.job) ==
-                                e->requeue.end();
+      const bool resolved =
+          c.job < e->cursor && !e->active.contains(c.job) &&
+          std::find(e->requeue.begin(), e->requeue.end(), c.job) == e->requeue.end();
       const bool failed =
           std::find(e->failed_jobs.begin(), e->failed_jobs.end(), c.job) != e->failed_jobs.end();
       return !resolved || failed;

@@ -235,8 +235,9 @@ void rewrite_as_schema(const std::string& dir, int version) {
   auto db = sqlite::Db::open(dir + "/traincoord.db", false);
   ASSERT_TRUE(db);
   // Schema 4: no view counted_completions, no checksum on completion_batches.
-  ASSERT_TRUE(db->exec("DROP VIEW counted_completions; ALTER TABLE completion_batches DROP "
-                       "COLUMN sum"));
+  ASSERT_TRUE(
+      db->exec("DROP VIEW counted_completions; ALTER TABLE completion_batches DROP "
+               "COLUMN sum"));
   if (version == 4) {
     ASSERT_TRUE(db->exec("PRAGMA user_version = 4"));
     return;
@@ -356,9 +357,10 @@ TEST(StoreUpgrade, FromSchema3Through4FillsEveryChecksum) {
   {
     // Schema 3 -> 4 (as a server of schema 4 did), then more rows with checksums.
     auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
-    ASSERT_TRUE(db->exec("ALTER TABLE runs ADD COLUMN sum INTEGER; ALTER TABLE snapshots ADD "
-                         "COLUMN chain INTEGER; ALTER TABLE snapshots ADD COLUMN sum INTEGER; "
-                         "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version = 4"));
+    ASSERT_TRUE(
+        db->exec("ALTER TABLE runs ADD COLUMN sum INTEGER; ALTER TABLE snapshots ADD "
+                 "COLUMN chain INTEGER; ALTER TABLE snapshots ADD COLUMN sum INTEGER; "
+                 "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version = 4"));
   }
   expect_restores(dir.path(), /*read_only=*/true, before);
   expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to 5
@@ -865,7 +867,8 @@ TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
   TempDir dir;
   auto lease_of = [](const std::string& body) {
     const auto at = body.find("\"lease\":");
-    return at == std::string::npos ? std::string("0") : std::to_string(std::stoull(body.substr(at + 8)));
+    return at == std::string::npos ? std::string("0")
+                                   : std::to_string(std::stoull(body.substr(at + 8)));
   };
   auto train = [&](Harness& h, const std::string& worker, const std::string& group,
                    const char* loss) {
@@ -873,11 +876,10 @@ TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
       const HttpReply a = h.post("/v1/runs/j/acquire",
                                  R"({"worker": )" + worker + R"(, "group": ")" + group + "\"}");
       ASSERT_EQ(a.status, 200) << a.body;
-      const HttpReply c = h.post("/v1/runs/j/complete", R"({"worker": )" + worker +
-                                                             R"(, "group": ")" + group +
-                                                             R"(", "lease": )" + lease_of(a.body) +
-                                                             R"(, "loss": )" + loss +
-                                                             R"(, "samples": 1})");
+      const HttpReply c =
+          h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "group": ")" + group +
+                                            R"(", "lease": )" + lease_of(a.body) + R"(, "loss": )" +
+                                            loss + R"(, "samples": 1})");
       ASSERT_EQ(c.status, 200) << c.body;
       ASSERT_NE(c.body.find("\"counted\":true"), std::string::npos) << c.body;
     }

@@ -60,8 +60,7 @@ class DataDir {
     if (d.fd_ < 0) {
       const int err = errno;
       if (err == ENOENT) return not_found(d.what_ + " " + path + " does not exist");
-      return failed_precondition("cannot open " + d.what_ + " " + path + ": " +
-                                 std::strerror(err));
+      return failed_precondition("cannot open " + d.what_ + " " + path + ": " + std::strerror(err));
     }
     char resolved[PATH_MAX];
     if (::realpath(path.c_str(), resolved) == nullptr) {
@@ -121,7 +120,8 @@ class DataDir {
           ": stop it first, or give this one another --data-dir (`traincoord inspect` reads a "
           "data dir in use)");
     }
-    struct stat held {}, now {};
+    struct stat held {
+    }, now{};
     if (::fstat(fd_, &held) != 0 || ::stat(resolved_.c_str(), &now) != 0 ||
         held.st_dev != now.st_dev || held.st_ino != now.st_ino) {
       return failed_precondition(what_ + " " + path_ +
@@ -154,11 +154,10 @@ class DataDir {
       const int e = errno;
       if (err) *err = e;
       if (e == ELOOP) {
-        return failed_precondition(
-            path_of(name) +
-            " is a symbolic link: traincoord opens no link in its " + what_ +
-            " (it could point anywhere). Remove it (rm " + path_of(name) +
-            "); if it was not yours, someone else could write in " + path_);
+        return failed_precondition(path_of(name) +
+                                   " is a symbolic link: traincoord opens no link in its " + what_ +
+                                   " (it could point anywhere). Remove it (rm " + path_of(name) +
+                                   "); if it was not yours, someone else could write in " + path_);
       }
       return failed_precondition("cannot open " + path_of(name) + ": " + std::strerror(e));
     }
@@ -195,8 +194,7 @@ class DataDir {
                                  p + " " + p + ".copy && mv " + p + ".copy " + p + ")");
     }
     if (own && st.st_uid != ::geteuid()) {
-      return failed_precondition(p + " belongs to another user (uid " +
-                                 std::to_string(st.st_uid) +
+      return failed_precondition(p + " belongs to another user (uid " + std::to_string(st.st_uid) +
                                  "): traincoord writes only files of its own user there; "
                                  "chown it, or remove it");
     }

@@ -113,8 +113,8 @@ class Db {
     [[maybe_unused]] static const int no_memstatus = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     sqlite3* raw = nullptr;
     const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-    const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | extra_flags | SQLITE_OPEN_NOMUTEX,
-                                   nullptr);
+    const int rc =
+        sqlite3_open_v2(path.c_str(), &raw, flags | extra_flags | SQLITE_OPEN_NOMUTEX, nullptr);
     Db db(raw);
     if (rc_out) *rc_out = raw ? sqlite3_extended_errcode(raw) : rc;
     if (rc != SQLITE_OK) {

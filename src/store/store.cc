@@ -277,8 +277,8 @@ Result<void> migrate_from_3(sqlite::Db& db) {
 // that carry a checksum are checked first, as a start would: a migration blesses no damage.
 Result<void> migrate_from_4(sqlite::Db& db) {
   if (auto r = db.exec(std::string("BEGIN; ALTER TABLE completion_batches ADD COLUMN sum "
-                                    "INTEGER;") +
-                        kCountedCompletionsView);
+                                   "INTEGER;") +
+                       kCountedCompletionsView);
       !r) {
     (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return r;
@@ -287,8 +287,8 @@ Result<void> migrate_from_4(sqlite::Db& db) {
     (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));
   };
-  auto each = [&](const std::string& sql, const std::function<Result<void>(sqlite::Statement&)>&
-                                              fn) -> Result<void> {
+  auto each = [&](const std::string& sql,
+                  const std::function<Result<void>(sqlite::Statement&)>& fn) -> Result<void> {
     auto stmt = db.prepare(sql);
     if (!stmt) return tl::unexpected(stmt.error());
     while (true) {
@@ -330,8 +330,8 @@ Result<void> migrate_from_4(sqlite::Db& db) {
   };
   std::map<std::string, Chain> chains;
   r = each("SELECT run, chain FROM snapshots", [&](sqlite::Statement& row) {
-    chains[row.text(0)] = {static_cast<uint64_t>(row.int64(1)),
-                           static_cast<uint64_t>(row.int64(1)), false};
+    chains[row.text(0)] = {static_cast<uint64_t>(row.int64(1)), static_cast<uint64_t>(row.int64(1)),
+                           false};
     return Result<void>{};
   });
   if (!r) return fail(r.error());
@@ -435,7 +435,8 @@ tl::unexpected<Error> refuse_unreadable(const DataDir& dir, int rc, const std::s
           (ro_fs ? " is on a read-only file system" : " is not writable by this user") +
           ". The database is not known to be damaged, do not move it away: copy the data dir "
           "somewhere writable (cp -a " +
-          dir.path() + " COPY) and run traincoord inspect --data-dir COPY, or remount it read-write");
+          dir.path() +
+          " COPY) and run traincoord inspect --data-dir COPY, or remount it read-write");
     }
     return failed_precondition("cannot open " + name + " (" + why +
                                "): check that this user may read and write it and its -wal and "
@@ -500,7 +501,8 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       ::close(lock_fd);
       return failed_precondition("data dir " + options.dir +
                                  " is in use by an older traincoord process (it holds " +
-                                 kLockFileName + "): stop it first, or give this one another "
+                                 kLockFileName +
+                                 "): stop it first, or give this one another "
                                  "--data-dir");
     }
     const uint64_t free = free_bytes_at(options.dir);
@@ -563,13 +565,13 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     if (!app_id) return refuse_unreadable(*dir, rc, app_id.error().message, true);
   }
   if (!app_id) {
-    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()),
-                             app_id.error().message, options.read_only);
+    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()), app_id.error().message,
+                             options.read_only);
   }
   auto tables = db->scalar("SELECT count(*) FROM sqlite_master");
   if (!tables) {
-    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()),
-                             tables.error().message, options.read_only);
+    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()), tables.error().message,
+                             options.read_only);
   }
   const bool fresh = std::stoll(*tables) == 0 && std::stoll(*app_id) == 0;
   int schema = kSchemaVersion;
@@ -596,11 +598,10 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       return tl::unexpected(r.error());
     }
     if (fresh) {
-      if (auto r =
-              db->exec(std::string("BEGIN;") + kSchema + kCompletionsView +
-                       kCountedCompletionsView +
-                       "PRAGMA application_id=" + std::to_string(kApplicationId) +
-                       "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
+      if (auto r = db->exec(
+              std::string("BEGIN;") + kSchema + kCompletionsView + kCountedCompletionsView +
+              "PRAGMA application_id=" + std::to_string(kApplicationId) +
+              "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
           !r) {
         return tl::unexpected(r.error());
       }
@@ -652,8 +653,8 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     store->lock_fd_ = std::exchange(lock.fd, -1);
     if (auto r = store->check_head(); !r) return tl::unexpected(r.error());
     if (auto r = store->load_chains(); !r) return tl::unexpected(r.error());
-    auto last_batch = store->db_.prepare(
-        "SELECT id, sum FROM completion_batches ORDER BY id DESC LIMIT 1");
+    auto last_batch =
+        store->db_.prepare("SELECT id, sum FROM completion_batches ORDER BY id DESC LIMIT 1");
     if (!last_batch) return tl::unexpected(last_batch.error());
     auto found = last_batch->step();
     if (!found) return tl::unexpected(found.error());
@@ -746,8 +747,8 @@ Result<void> Store::check_head() {
                       std::to_string(sizeof buf) + " of a head record)");
   } else if (held > 0) {
     notices_.push_back(
-        "WARNING: " + head_path + (had_head ? " was empty" : " was missing") + " while " +
-        path_ + " holds log rows up to " + std::to_string(held) +
+        "WARNING: " + head_path + (had_head ? " was empty" : " was missing") + " while " + path_ +
+        " holds log rows up to " + std::to_string(held) +
         ": whether commits were lost at the end of the log cannot be checked this once (a "
         "version before schema 4 wrote no head; else it was removed, or lost with the disk's "
         "cache)");
@@ -842,14 +843,13 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
         chain = static_cast<uint64_t>(stmt->int64(7));
         if (stmt->is_null(8) || stmt->is_null(7) ||
             stmt->int64(8) != as_int(snapshot_sum(chain, r.snapshot_seq, *r.snapshot))) {
-          return failed_precondition(path_ + ": the snapshot of run " + r.name +
-                                     " (as of log row " + std::to_string(r.snapshot_seq) + ") " +
-                                     (stmt->is_null(8) || stmt->is_null(7)
-                                          ? "has no checksum"
-                                          : "fails its checksum") +
-                                     ": the database was changed or damaged. "
-                                     "traincoord refuses to guess; restore the data dir from a "
-                                     "backup, or move it away to start afresh");
+          return failed_precondition(
+              path_ + ": the snapshot of run " + r.name + " (as of log row " +
+              std::to_string(r.snapshot_seq) + ") " +
+              (stmt->is_null(8) || stmt->is_null(7) ? "has no checksum" : "fails its checksum") +
+              ": the database was changed or damaged. "
+              "traincoord refuses to guess; restore the data dir from a "
+              "backup, or move it away to start afresh");
         }
       }
     }

@@ -182,7 +182,9 @@ class Store final : public Journal {
 
  private:
   Store(StoreOptions options, std::string path, sqlite::Db db, DataDir dir)
-      : options_(std::move(options)), path_(std::move(path)), dir_(std::move(dir)),
+      : options_(std::move(options)),
+        path_(std::move(path)),
+        dir_(std::move(dir)),
         db_(std::move(db)) {}
   Result<void> load_chains();
   Result<void> check_head();
@@ -224,8 +226,8 @@ class Store final : public Journal {
   int64_t head_written_ = 0;
   bool last_write_full_ = false;
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
-  std::map<std::string, uint64_t> restores_seen_;  // per run: its restores when last taken
-  bool derive_epochs_ = true;  // the next take() writes the whole epochs table again
+  std::map<std::string, uint64_t> restores_seen_;        // per run: its restores when last taken
+  bool derive_epochs_ = true;    // the next take() writes the whole epochs table again
   int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
   int64_t next_seq_ = 1;         // the next log row's number
   int64_t next_batch_id_ = 1;    // write()'s: the next completion_batches row, and the chain
