@@ -52,6 +52,11 @@ int inspect(const InspectArgs& args) {
     std::cerr << "traincoord: " << (*store)->path() << ": " << report.error().message << "\n";
     return exit_code::kUsage;
   }
+  // The completions table is not part of the runs' state (which the start checks): its
+  // checksum chain is checked here, and damage is said, with the runs as they are.
+  if (auto checked = (*store)->check_completions(); !checked) {
+    std::cerr << "traincoord: WARNING: " << checked.error().message << "\n";
+  }
   std::vector<std::string> names;
   for (const Run* run : engine.runs()) {
     if (args.run.empty() || run->config().name == args.run) names.push_back(run->config().name);

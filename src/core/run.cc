@@ -1088,6 +1088,20 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
     next_is_dev_ = p.next_is_dev;
     latest_of_set_[0] = p.latest_of_set[0];
     latest_of_set_[1] = p.latest_of_set[1];
+    // The history of recent completions keeps only those the run, as restored, still counts:
+    // a completion of the lineage abandoned is withdrawn, and its job will be trained again.
+    std::erase_if(recent_, [&](const RecentCompletion& c) {
+      auto e = std::find_if(epochs_.begin(), epochs_.end(), [&](const Epoch& x) {
+        return x.plan.set == c.set && x.plan.epoch == c.epoch;
+      });
+      if (e == epochs_.end()) return true;
+      const bool resolved =
+          c.job < e->cursor && !e->active.contains(c.job) &&
+          std::find(e->requeue.begin(), e->requeue.end(), c.job) == e->requeue.end();
+      const bool failed =
+          std::find(e->failed_jobs.begin(), e->failed_jobs.end(), c.job) != e->failed_jobs.end();
+      return !resolved || failed;
+    });
   }
   counters_.restores += 1;
   counters_.jobs_withdrawn += withdrawn;

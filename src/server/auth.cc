@@ -37,63 +37,59 @@ Result<std::string> random_token() {
   return hex;
 }
 
-std::string mode_text(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
-
-// Makes `dir` (0700) if it is missing. Refuses one that is not the user's or root's, or that
-// others may write to: they could put a token file of their own in it.
-Result<void> secure_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+// Makes the token dir `dir` (0700) if it is missing, or `name` in it (runs/). Refuses one that
+// is not the user's or root's, or that others may write to: they could put a token file of
+// their own in it, or a link the server would write a token through (DataDir::open). runs/
+// must be a directory in it, not a link to one elsewhere.
+Result<DataDir> secure_dir(const std::string& dir, const DataDir* parent = nullptr,
+                           const char* name = nullptr) {
+  const int made = parent ? ::mkdirat(parent->fd(), name, 0700) : ::mkdir(dir.c_str(), 0700);
+  if (made != 0 && errno != EEXIST) {
     return failed_precondition("cannot create token dir " + dir + ": " + std::strerror(errno));
   }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return failed_precondition("token dir " + dir + " is not a directory");
+  if (parent) {
+    struct stat st {};
+    if (::fstatat(parent->fd(), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) {
+      return failed_precondition("token dir " + dir +
+                                 " is not a directory (a link is not followed): remove it (rm " +
+                                 dir + "); a new one is made at the next start");
+    }
   }
-  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    return failed_precondition("token dir " + dir +
-                               " belongs to another user, who could put tokens of their own "
-                               "there; use a directory of your own (--token-dir)");
-  }
-  if ((st.st_mode & 022) != 0) {
-    return failed_precondition("token dir " + dir + " (mode " + mode_text(st.st_mode) +
-                               ") may be written by other users, who could put tokens of their "
-                               "own there: chmod 700 " +
-                               dir);
-  }
-  return {};
+  return DataDir::open(dir, /*read_only=*/false, "token dir");
 }
 
-// Reads the token at `path` (refusing a file others could have written or may read), or makes
-// one and writes it there with mode 0600.
-Result<std::string> load_or_make(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode)) {
-      return failed_precondition("token file " + path + " is not a regular file");
-    }
-    if (st.st_uid != ::geteuid()) {
-      return failed_precondition("token file " + path +
-                                 " belongs to another user; remove it (a new token is made) "
-                                 "or chown it");
-    }
-    if ((st.st_mode & 077) != 0) {
+// Reads the token `name` in `dir` (refusing a link, a file others could have written or may
+// read, or a token shorter than those traincoord makes), or makes one and writes it there with
+// mode 0600.
+Result<std::string> load_or_make(const DataDir& dir, const std::string& name) {
+  const std::string path = dir.path_of(name);
+  if (dir.exists(name)) {
+    auto fd = dir.open_file(name, O_RDONLY);
+    if (!fd) return tl::unexpected(fd.error());
+    struct stat st {};
+    const bool stat_ok = ::fstat(*fd, &st) == 0;
+    if (!stat_ok || (st.st_mode & 077) != 0) {
+      ::close(*fd);
       return failed_precondition("token file " + path + " (mode " + mode_text(st.st_mode) +
                                  ") may be read or written by other users: chmod 600 " + path +
                                  " (and replace the token if they may have read it)");
     }
-    return read_token_file(path);
+    std::string text(4096, '\0');
+    const ssize_t n = ::pread(*fd, text.data(), text.size(), 0);
+    ::close(*fd);
+    if (n < 0) return failed_precondition("cannot read token file " + path);
+    text.resize(static_cast<size_t>(n));
+    std::string token = text.substr(0, text.find('\n'));
+    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    return check_token(token, path);
   }
   auto token = random_token();
   if (!token) return token;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-  if (fd < 0) return failed_precondition("cannot create token file " + path);
+  auto fd = dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL);
+  if (!fd) return tl::unexpected(fd.error());
   const std::string line = *token + "\n";
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-  ::close(fd);
+  const bool ok = ::write(*fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(*fd);
   if (!ok) return failed_precondition("cannot write token file " + path);
   return token;
 }
@@ -108,6 +104,22 @@ bool iequals_ascii(std::string_view a, std::string_view b) {
 }
 
 }  // namespace
+
+Result<std::string> check_token(const std::string& token, const std::string& path) {
+  bool printable = true;
+  for (unsigned char c : token) printable = printable && c > ' ' && c < 0x7F;
+  if (token.size() < kTokenChars || !printable) {
+    return failed_precondition(
+        "token file " + path + " holds " +
+        (printable ? "a token of " + std::to_string(token.size()) + " characters"
+                   : std::string("a token with spaces or control characters")) +
+        "; a token must be at least " + std::to_string(kTokenChars) +
+        " printable characters (the 256 random bits in hex that traincoord makes): remove the "
+        "file (rm " +
+        path + ") and restart to have a new one made, or put such a token in it");
+  }
+  return token;
+}
 
 std::string_view bearer_token(std::string_view header) {
   // credentials = auth-scheme [ 1*SP token68 ]; the scheme is case-insensitive (RFC 7235 2.1).
@@ -139,13 +151,16 @@ Result<std::string> read_token_file(const std::string& path) {
 Result<Auth> Auth::open(const std::string& dir) {
   Auth auth;
   auth.dir_ = dir;
-  if (auto r = secure_dir(dir); !r) return tl::unexpected(r.error());
-  struct stat st {};
-  const bool had_admin = ::lstat(auth.admin_token_path().c_str(), &st) == 0;
-  const bool had_runs = ::lstat((dir + "/runs").c_str(), &st) == 0;
+  auto top = secure_dir(dir);
+  if (!top) return tl::unexpected(top.error());
+  auth.top_ = std::make_shared<DataDir>(std::move(*top));
+  const bool had_admin = auth.top_->exists("admin.token");
+  const bool had_runs = auth.top_->exists("runs");
   auth.old_layout_ = had_admin && !had_runs;
-  if (auto r = secure_dir(dir + "/runs"); !r) return tl::unexpected(r.error());
-  auto admin = load_or_make(auth.admin_token_path());
+  auto runs = secure_dir(dir + "/runs", auth.top_.get(), "runs");
+  if (!runs) return tl::unexpected(runs.error());
+  auth.runs_ = std::make_shared<DataDir>(std::move(*runs));
+  auto admin = load_or_make(*auth.top_, "admin.token");
   if (!admin) return tl::unexpected(admin.error());
   auth.admin_ = *admin;
   return auth;
@@ -157,8 +172,9 @@ Result<std::string> Auth::worker_token(const std::string& run) {
   // The name becomes part of a path: only names that cannot leave runs/ (validate_run_name).
   if (auto r = validate_run_name(run, "run"); !r) return tl::unexpected(r.error());
   const std::string path = worker_token_path(run);
+  const std::string name = run + ".token";
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) {
+  if (!runs_->exists(name)) {
     const std::string old_path = dir_ + "/" + run + ".token";
     if (run == "admin") {
       // DIR/admin.token was this run's worker token as well as the admin token.
@@ -168,8 +184,8 @@ Result<std::string> Auth::worker_token(const std::string& run) {
             "; before, its workers were handed the admin token (" + admin_token_path() +
             "): if they are not all trusted with it, delete that file and restart to replace it");
       }
-    } else if (::lstat(old_path.c_str(), &st) == 0) {
-      if (::rename(old_path.c_str(), path.c_str()) != 0) {
+    } else if (::fstatat(top_->fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (::renameat(top_->fd(), name.c_str(), runs_->fd(), name.c_str()) != 0) {
         return failed_precondition("cannot move token file " + old_path + " to " + path + ": " +
                                    std::strerror(errno));
       }
@@ -177,7 +193,7 @@ Result<std::string> Auth::worker_token(const std::string& run) {
                          " (the token is unchanged; point TRAINCOORD_TOKEN_FILE there)");
     }
   }
-  auto token = load_or_make(path);
+  auto token = load_or_make(*runs_, name);
   if (!token) return token;
   workers_.emplace(run, *token);
   return token;

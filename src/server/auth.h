@@ -9,8 +9,11 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "core/error.h"
 #include "server/api.h"
+#include "store/data_dir.h"
 
 namespace traincoord {
 
@@ -19,9 +22,10 @@ class Auth {
   // Keeps tokens in `dir`: the admin token in DIR/admin.token, each run's worker token in
   // DIR/runs/RUN.token, two namespaces whatever a run is called. Both folders are created 0700.
   // An existing token file is read; a missing one is generated. Fails, naming the path, when a
-  // folder is not the user's (or root's) or other users may write to it, or when a token file is
-  // not a regular file of the user's that only the user may read and write: another user could
-  // have put a token they know there.
+  // folder is not the user's (or root's) or other users may write to it (runs/ a link), or when
+  // a token file is not a regular file of the user's with one link that only the user may read
+  // and write (another user could have put a token they know there), or holds a token shorter
+  // than kTokenChars. Files are opened through the folders' descriptors, never through a link.
   static Result<Auth> open(const std::string& dir);
 
   // The worker token of `run`, made (and saved) on first use: call it for every run served.
@@ -50,6 +54,7 @@ class Auth {
 
  private:
   std::string dir_;
+  std::shared_ptr<DataDir> top_, runs_;  // dir_ and dir_/runs, open
   std::string admin_;
   bool old_layout_ = false;  // admin.token was there before runs/ was
   std::map<std::string, std::string, std::less<>> workers_;
@@ -59,6 +64,14 @@ class Auth {
 // Compares in time that depends only on the lengths, not on where the strings differ
 // (CRYPTO_memcmp).
 bool equal_in_constant_time(std::string_view a, std::string_view b);
+
+// The length of the tokens traincoord makes (256 random bits in hex), and the least it accepts
+// in a token file.
+inline constexpr size_t kTokenChars = 64;
+
+// `token` (read from `path`) if it is at least kTokenChars printable characters without
+// spaces; else an error saying how to have a new one made.
+Result<std::string> check_token(const std::string& token, const std::string& path);
 
 // Reads a token file (the first line, trimmed).
 Result<std::string> read_token_file(const std::string& path);

@@ -87,21 +87,22 @@ TEST(Auth, ATokenFileOfTheOldLayoutIsMovedKeepingItsToken) {
   ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
   for (const char* name : {"admin", "r"}) {
     const std::string path = dir + "/" + name + ".token";
-    std::ofstream(path) << name << "-token\n";
+    std::ofstream(path) << name << "-token" << std::string(58, 't') << "\n";
     ASSERT_EQ(chmod(path.c_str(), 0600), 0);
   }
   auto auth = Auth::open(dir);
   ASSERT_TRUE(auth) << auth.error().message;
-  EXPECT_EQ(auth->admin_token(), "admin-token");
-  EXPECT_EQ(*auth->worker_token("r"), "r-token");
+  const std::string pad(58, 't');
+  EXPECT_EQ(auth->admin_token(), "admin-token" + pad);
+  EXPECT_EQ(*auth->worker_token("r"), "r-token" + pad);
   EXPECT_FALSE(std::filesystem::exists(dir + "/r.token"));
-  EXPECT_EQ(first_line(dir + "/runs/r.token"), "r-token");
+  EXPECT_EQ(first_line(dir + "/runs/r.token"), "r-token" + pad);
   // A run named admin had the admin token as its worker token: it gets one of its own, the
   // admin token stays, and the operator is told.
   auto admin_run = auth->worker_token("admin");
   ASSERT_TRUE(admin_run);
-  EXPECT_NE(*admin_run, "admin-token");
-  EXPECT_EQ(first_line(dir + "/admin.token"), "admin-token");
+  EXPECT_NE(*admin_run, "admin-token" + pad);
+  EXPECT_EQ(first_line(dir + "/admin.token"), "admin-token" + pad);
   const auto notices = auth->take_notices();
   ASSERT_EQ(notices.size(), 2u);
   EXPECT_NE(notices[0].find("moved run r's worker token file"), std::string::npos);
@@ -112,7 +113,7 @@ TEST(Auth, TokensOthersCouldHaveWrittenOrMayReadAreRefused) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/tokens";
   ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
-  std::ofstream(dir + "/admin.token") << "guessable\n";
+  std::ofstream(dir + "/admin.token") << std::string(64, 'g') << "\n";
   ASSERT_EQ(chmod((dir + "/admin.token").c_str(), 0644), 0);
   auto auth = Auth::open(dir);
   ASSERT_FALSE(auth);

@@ -43,6 +43,12 @@ class Harness {
     clock_.replay_at(0);
   }
 
+  HttpReply get(const std::string& target) {
+    auto result = api_.handle({"GET", target, "", {}});
+    const auto* reply = std::get_if<HttpReply>(&result);
+    return reply ? *reply : HttpReply{};
+  }
+
   HttpReply post(const std::string& target, const std::string& body) {
     const TimeMs t = clock_.hold();
     auto result = api_.handle({"POST", target, body, {}});
@@ -228,6 +234,14 @@ void rewrite_as_schema(const std::string& dir, int version) {
   ASSERT_GT(records.size(), 100u);
   auto db = sqlite::Db::open(dir + "/traincoord.db", false);
   ASSERT_TRUE(db);
+  // Schema 4: no view counted_completions, no checksum on completion_batches.
+  ASSERT_TRUE(
+      db->exec("DROP VIEW counted_completions; ALTER TABLE completion_batches DROP "
+               "COLUMN sum"));
+  if (version == 4) {
+    ASSERT_TRUE(db->exec("PRAGMA user_version = 4"));
+    return;
+  }
   // Schema 3: no checksums, and records without their outcome (as encode_record wrote them:
   // kind, time, target, body).
   {
@@ -326,7 +340,37 @@ TEST_P(StoreUpgrade, RestoresTheSameRunAndKeepsEveryCompletion) {
             "0");
 }
 
-INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(FromSchema, StoreUpgrade, ::testing::Values(1, 2, 3, 4));
+
+// Issue 31, item 3: a schema 4 database whose runs schema 3 began (NULL checksums, log rows
+// without outcomes, then rows with them) is upgraded to schema 5 with every checksum filled in
+// and the chains whole: it restores the same run, and then a NULL is damage.
+TEST(StoreUpgrade, FromSchema3Through4FillsEveryChecksum) {
+  TempDir dir;
+  std::string before;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 6);
+    before = saved_state(h.engine());
+  }
+  rewrite_as_schema(dir.path(), 3);
+  {
+    // Schema 3 -> 4 (as a server of schema 4 did), then more rows with checksums.
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(
+        db->exec("ALTER TABLE runs ADD COLUMN sum INTEGER; ALTER TABLE snapshots ADD "
+                 "COLUMN chain INTEGER; ALTER TABLE snapshots ADD COLUMN sum INTEGER; "
+                 "ALTER TABLE log ADD COLUMN sum INTEGER; PRAGMA user_version = 4"));
+  }
+  expect_restores(dir.path(), /*read_only=*/true, before);
+  expect_restores(dir.path(), /*read_only=*/false, before);  // upgraded to 5
+  auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+  EXPECT_EQ(db->scalar("PRAGMA user_version").value(), "5");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM log WHERE sum IS NULL").value(), "0");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM runs WHERE sum IS NULL").value(), "0");
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM completion_batches WHERE sum IS NULL").value(), "0");
+  expect_restores(dir.path(), /*read_only=*/true, before);  // as schema 5, strictly
+}
 
 TEST(Store, RefusesAFileThatIsNotADatabase) {
   TempDir dir;
@@ -335,7 +379,7 @@ TEST(Store, RefusesAFileThatIsNotADatabase) {
   o.dir = dir.path();
   auto store = Store::open(o);
   ASSERT_FALSE(store);
-  EXPECT_NE(store.error().message.find("not a SQLite database, or corrupt"), std::string::npos)
+  EXPECT_NE(store.error().message.find("not a SQLite database"), std::string::npos)
       << store.error().message;
   std::ifstream in(dir.path() + "/traincoord.db");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -594,6 +638,290 @@ TEST(JournalKeeps, LostCommitsAreReportedAtTheStart) {
   auto again = Store::open(o);  // said once: the head now is what the database holds
   ASSERT_TRUE(again);
   EXPECT_TRUE((*again)->take_notices().empty());
+}
+
+// ---- Issue 31: the data dir's files, the single writer, integrity, restores ----
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Item 1: a link planted in the data dir for any file the store opens is refused, naming it,
+// and what it points to is not touched.
+TEST(DataDirFiles, ALinkPlantedForAnyFileIsRefusedAndItsTargetUntouched) {
+  for (const char* name : {"traincoord.head", "traincoord.lock", "traincoord.db",
+                           "traincoord.db-wal", "traincoord.db-shm", "traincoord.db-journal"}) {
+    SCOPED_TRACE(name);
+    TempDir dir;
+    const std::string data = dir.path() + "/data";
+    {
+      Harness h(data, 1'000'000);  // a data dir in use before
+      ASSERT_EQ(h.post("/v1/runs", kConfig).status, 201);
+      h.commit();
+    }
+    const std::string target = dir.path() + "/outside";
+    std::ofstream(target) << "known content";
+    std::filesystem::remove(data + "/" + name);
+    std::filesystem::create_symlink(target, data + "/" + name);
+    StoreOptions o;
+    o.dir = data;
+    const std::string error = open_error(o);
+    EXPECT_NE(error.find(data + "/" + name), std::string::npos) << error;
+    EXPECT_NE(error.find("symbolic link"), std::string::npos) << error;
+    EXPECT_EQ(file_text(target), "known content");
+    // A dangling link is not followed to make a file either.
+    std::filesystem::remove(target);
+    EXPECT_NE(open_error(o), "");
+    EXPECT_FALSE(std::filesystem::exists(target));
+  }
+}
+
+// Item 1: a data dir other users may write to is refused, saying the mode and the chmod.
+TEST(DataDirFiles, ADataDirOthersMayWriteIsRefused) {
+  for (mode_t mode : {0777, 01777, 0770}) {
+    TempDir dir;
+    const std::string data = dir.path() + "/data";
+    ASSERT_EQ(::mkdir(data.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(data.c_str(), mode), 0);
+    StoreOptions o;
+    o.dir = data;
+    const std::string error = open_error(o);
+    EXPECT_NE(error.find("chmod 700 " + data), std::string::npos) << error;
+    EXPECT_NE(error.find(mode_text(mode)), std::string::npos) << error;
+  }
+}
+
+// Item 1: a hard link (another name of a file elsewhere) is refused too.
+TEST(DataDirFiles, AHardLinkedHeadIsRefused) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  {
+    StoreOptions o;
+    o.dir = data;
+    ASSERT_TRUE(Store::open(o));
+  }
+  ASSERT_EQ(::link((data + "/traincoord.head").c_str(), (dir.path() + "/other").c_str()), 0);
+  StoreOptions o;
+  o.dir = data;
+  const std::string error = open_error(o);
+  EXPECT_NE(error.find("hard links"), std::string::npos) << error;
+}
+
+// Item 2: the lock is the data dir's own: a deleted lock file does not let a second writer in.
+TEST(DataDirFiles, DeletingTheLockFileLetsNoSecondWriterIn) {
+  TempDir dir;
+  StoreOptions o;
+  o.dir = dir.path();
+  auto first = Store::open(o);
+  ASSERT_TRUE(first) << first.error().message;
+  ASSERT_TRUE(std::filesystem::remove(dir.path() + "/traincoord.lock"));
+  const std::string error = open_error(o);
+  EXPECT_NE(error.find("is in use by another traincoord process"), std::string::npos) << error;
+  first->reset();
+  EXPECT_EQ(open_error(o), "");
+}
+
+// Item 3: a NULL where a checksum belongs is damage, as a wrong checksum is: in a config, a
+// snapshot, a log row.
+TEST(JournalKeeps, ANullChecksumIsDamageWhereverItIs) {
+  const std::vector<std::pair<const char*, const char*>> damages = {
+      {"the config", "UPDATE runs SET sum = NULL"},
+      {"a snapshot", "UPDATE snapshots SET sum = NULL"},
+      {"a log row", "UPDATE log SET sum = NULL WHERE seq = (SELECT max(seq) FROM log)"}};
+  for (const auto& [what, sql] : damages) {
+    SCOPED_TRACE(what);
+    TempDir dir;
+    {
+      Harness h(dir.path(), std::string(what) == "a snapshot" ? 30 : 1'000'000);
+      drive(h, 5);
+    }
+    ASSERT_EQ(restore_error(dir.path()), "");
+    {
+      auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+      ASSERT_TRUE(db->exec(sql));
+    }
+    const std::string error = restore_error(dir.path());
+    EXPECT_NE(error.find("has no checksum"), std::string::npos) << error;
+    EXPECT_NE(error.find("run j"), std::string::npos) << error;
+  }
+}
+
+// Item 3: a head file that cannot be read refuses the start, saying why and what to do (it is
+// what finds a lost tail of the log: here one byte of it and the last log row are gone).
+TEST(JournalKeeps, AnUnreadableHeadRefusesTheStartSayingWhatToDo) {
+  TempDir dir;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 2);
+  }
+  {
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("DELETE FROM log WHERE seq = (SELECT max(seq) FROM log)"));
+    std::fstream head(dir.path() + "/traincoord.head",
+                      std::ios::in | std::ios::out | std::ios::binary);
+    head.seekp(20);
+    head.put('\x55');
+  }
+  StoreOptions o;
+  o.dir = dir.path();
+  const std::string error = open_error(o);
+  EXPECT_NE(error.find("traincoord.head is damaged"), std::string::npos) << error;
+  EXPECT_NE(error.find("rm " + dir.path() + "/traincoord.head"), std::string::npos) << error;
+  // Removed, the start goes on, and says loudly that it could not check.
+  ASSERT_TRUE(std::filesystem::remove(dir.path() + "/traincoord.head"));
+  auto store = Store::open(o);
+  ASSERT_TRUE(store) << store.error().message;
+  const auto notices = (*store)->take_notices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("WARNING"), std::string::npos) << notices[0];
+  EXPECT_NE(notices[0].find("cannot be checked"), std::string::npos) << notices[0];
+}
+
+// The epochs table, as SQL reads it.
+std::string epochs_table(const std::string& dir) {
+  auto db = sqlite::Db::open(dir + "/traincoord.db", true);
+  auto rows = db->prepare(
+      "SELECT run, set_name, epoch, jobs, done, failed, closed, printf('%.17g', loss), samples, "
+      "nonfinite_jobs FROM epochs ORDER BY run, set_name, epoch");
+  std::string out;
+  while (rows && *rows->step()) {
+    for (int c = 0; c < 10; ++c) out += rows->text(c) + (c < 9 ? "," : "\n");
+  }
+  return out;
+}
+
+// A start as the server's: the store opened, the engine restored, the first commit made.
+void start_and_commit(const std::string& dir) {
+  StoreOptions o;
+  o.dir = dir;
+  auto store = Store::open(o);
+  ASSERT_TRUE(store) << store.error().message;
+  ServerClock clock;
+  Engine engine(clock);
+  Api api(engine, clock, ApiLimits::none());
+  auto report = restore_engine(**store, engine, api, clock);
+  ASSERT_TRUE(report) << report.error().message;
+  ASSERT_TRUE((*store)->commit(engine));
+}
+
+// Item 3: the epochs table is derived from the runs' state at each start: rows edited, added
+// or deleted by hand do not last.
+TEST(JournalKeeps, TheEpochsTableIsWrittenAgainFromTheStateAtTheStart) {
+  TempDir dir;
+  {
+    Harness h(dir.path(), 1'000'000);
+    drive(h, 3);
+  }
+  const std::string before = epochs_table(dir.path());
+  ASSERT_NE(before.find(",1,"), std::string::npos) << before;  // a closed epoch
+  {
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+    ASSERT_TRUE(db->exec("UPDATE epochs SET loss = 42 WHERE closed"));
+    ASSERT_TRUE(db->exec("DELETE FROM epochs WHERE rowid = (SELECT max(rowid) FROM epochs)"));
+    ASSERT_TRUE(db->exec("INSERT INTO epochs VALUES ('ghost', 'train', 9, 1, 1, 0, 1, 7, 1, 0)"));
+  }
+  ASSERT_NE(epochs_table(dir.path()), before);
+  ASSERT_NO_FATAL_FAILURE(start_and_commit(dir.path()));
+  EXPECT_EQ(epochs_table(dir.path()), before);
+}
+
+// Item 3: the completions table (not part of the state a start checks) is covered by a
+// checksum chain, which inspect checks: a row edited or removed by hand is found.
+TEST(JournalKeeps, AnEditedCompletionRowIsFoundByItsChecksum) {
+  for (const char* edit : {"UPDATE completion_batches SET rows = replace(rows, ',3,', ',4,') "
+                           "WHERE id = (SELECT min(id) FROM completion_batches)",
+                           "DELETE FROM completion_batches WHERE id = 2"}) {
+    SCOPED_TRACE(edit);
+    TempDir dir;
+    {
+      Harness h(dir.path(), 1'000'000);
+      drive(h, 4);
+    }
+    StoreOptions o;
+    o.dir = dir.path();
+    o.read_only = true;
+    {
+      auto store = Store::open(o);
+      ASSERT_TRUE(store);
+      auto rows = (*store)->check_completions();
+      ASSERT_TRUE(rows) << rows.error().message;
+      EXPECT_GT(*rows, 2u);
+    }
+    {
+      auto db = sqlite::Db::open(dir.path() + "/traincoord.db", false);
+      ASSERT_TRUE(db->exec(edit));
+    }
+    auto store = Store::open(o);
+    ASSERT_TRUE(store);
+    auto rows = (*store)->check_completions();
+    ASSERT_FALSE(rows);
+    EXPECT_NE(rows.error().message.find("fails its checksum"), std::string::npos)
+        << rows.error().message;
+  }
+}
+
+// Item 9: a completed run restored from a cut and trained again shows, in SQL and in its
+// history, the lineage it now has: the epoch's new loss, and only the completions it counts.
+TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
+  TempDir dir;
+  auto lease_of = [](const std::string& body) {
+    const auto at = body.find("\"lease\":");
+    return at == std::string::npos ? std::string("0")
+                                   : std::to_string(std::stoull(body.substr(at + 8)));
+  };
+  auto train = [&](Harness& h, const std::string& worker, const std::string& group,
+                   const char* loss) {
+    for (int job = 0; job < 4; ++job) {
+      const HttpReply a = h.post("/v1/runs/j/acquire",
+                                 R"({"worker": )" + worker + R"(, "group": ")" + group + "\"}");
+      ASSERT_EQ(a.status, 200) << a.body;
+      const HttpReply c =
+          h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "group": ")" + group +
+                                            R"(", "lease": )" + lease_of(a.body) + R"(, "loss": )" +
+                                            loss + R"(, "samples": 1})");
+      ASSERT_EQ(c.status, 200) << c.body;
+      ASSERT_NE(c.body.find("\"counted\":true"), std::string::npos) << c.body;
+    }
+  };
+  {
+    Harness h(dir.path(), 1'000'000);
+    ASSERT_EQ(h.post("/v1/runs", R"({"name": "j", "data": {"train_batches": 4},
+                                     "schedule": {"epochs": 1}})")
+                  .status,
+              201);
+    ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "a", "group": "g1"})").status, 200);
+    ASSERT_EQ(h.post("/v1/runs/j/cuts", R"({"worker": 0, "group": "g1", "seq": 1})").status, 200);
+    ASSERT_NO_FATAL_FAILURE(train(h, "0", "g1", "1"));
+    h.commit();
+    ASSERT_NE(epochs_table(dir.path()).find(",1,1,4,"), std::string::npos)
+        << epochs_table(dir.path());
+    ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "b", "group": "g2"})").status, 200);
+    const HttpReply r = h.post("/v1/runs/j/restore", R"({"group": "g2", "cut": 1})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    ASSERT_NO_FATAL_FAILURE(train(h, "1", "g2", "3"));
+    h.commit();
+    const std::string history = h.get("/v1/runs/j/history").body;
+    size_t jobs = 0;
+    for (auto at = history.find("\"job\":"); at != std::string::npos;
+         at = history.find("\"job\":", at + 1)) {
+      jobs += 1;
+    }
+    EXPECT_EQ(jobs, 4u) << history;
+    EXPECT_EQ(history.find("\"loss\":1,"), std::string::npos) << history;
+  }
+  auto losses = [&] {
+    auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+    return db->scalar("SELECT group_concat(train_loss) FROM losses WHERE run = 'j'").value();
+  };
+  EXPECT_EQ(losses(), "3.0");
+  ASSERT_NO_FATAL_FAILURE(start_and_commit(dir.path()));  // and after a restart
+  EXPECT_EQ(losses(), "3.0");
+  // `completions` keeps every accepted completion; `counted_completions` those counted now.
+  auto db = sqlite::Db::open(dir.path() + "/traincoord.db", true);
+  EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), "8");
+  EXPECT_EQ(db->scalar("SELECT count(*) || ' ' || sum(loss) FROM counted_completions").value(),
+            "4 12.0");
 }
 
 }  // namespace

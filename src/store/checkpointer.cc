@@ -6,7 +6,7 @@ namespace traincoord {
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::start(const std::string& path,
                                                           sqlite3* writer) {
-  auto db = sqlite::Db::open(path, /*read_only=*/false);
+  auto db = sqlite::Db::open(path, /*read_only=*/false, SQLITE_OPEN_NOFOLLOW);
   if (!db) return tl::unexpected(db.error());
   // A connection finds the WAL only when it first reads the database; until then its
   // checkpoints do nothing (and say the database is not in WAL mode).

@@ -102,16 +102,21 @@ class Statement {
 
 class Db {
  public:
-  // Opens (read-only, or read-write creating the file) the database at `path`.
-  static Result<Db> open(const std::string& path, bool read_only) {
+  // Opens (read-only, or read-write creating the file) the database at `path`. `extra_flags`:
+  // more SQLITE_OPEN_* flags (SQLITE_OPEN_NOFOLLOW, SQLITE_OPEN_URI). On failure the error's
+  // message names the path and SQLite's reason; *rc_out (if given) gets SQLite's result code.
+  static Result<Db> open(const std::string& path, bool read_only, int extra_flags = 0,
+                         int* rc_out = nullptr) {
     // No memory statistics: with them, every allocation of SQLite's takes a global mutex
     // (~2% of the store thread under bench/loadgen). Only possible before SQLite initialises;
     // refused (and harmless) after.
     [[maybe_unused]] static const int no_memstatus = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     sqlite3* raw = nullptr;
     const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-    const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
+    const int rc =
+        sqlite3_open_v2(path.c_str(), &raw, flags | extra_flags | SQLITE_OPEN_NOMUTEX, nullptr);
     Db db(raw);
+    if (rc_out) *rc_out = raw ? sqlite3_extended_errcode(raw) : rc;
     if (rc != SQLITE_OK) {
       return failed_precondition("cannot open " + path + ": " +
                                  (raw ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));

@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "core/run_codec.h"
+#include "store/data_dir.h"
 
 namespace traincoord {
 
@@ -32,7 +33,18 @@ const char* kCompletionsView =
     "json_extract(c.value, '$[7]') AS metrics, json_extract(c.value, '$[8]') AS time_ms "
     "FROM completion_batches b, json_each(b.rows) c;";
 
-// Checksums (schema 4; NULL where schema 3 wrote the row): runs.sum, of the config
+// The completions the run's lineage counts (schema 5): of each job, its latest completion. A
+// restore of a cut withdraws the completions made after the cut; the jobs are trained again,
+// and their new completions replace the withdrawn ones here (`completions` keeps them all).
+const char* kCountedCompletionsView =
+    "CREATE VIEW counted_completions AS SELECT run, lease, worker, set_name, epoch, job, loss, "
+    "samples, metrics, time_ms FROM (SELECT *, row_number() OVER (PARTITION BY run, set_name, "
+    "epoch, job ORDER BY lease DESC) AS nth FROM completions) WHERE nth = 1;";
+
+// Checksums (schema 4; schema 5 fills those schema 3 left NULL, and reads a NULL as damage):
+// completion_batches.sum (schema 5), a chain over all its rows in id order (batch_sum; its
+// `rows` are JSON: [[lease, worker, set, epoch, job, loss, samples, metrics, time_ms], ...]);
+// runs.sum, of the config
 // (config_sum); snapshots.chain, the run's checksum chain at `seq`, and snapshots.sum, of the
 // state (snapshot_sum); log.sum, the run's chain through that row (row_sum). (Comments stay
 // off those columns' lines: ALTER TABLE ... DROP COLUMN trips on them.)
@@ -64,8 +76,9 @@ CREATE TABLE log (                   -- every state-changing request since the s
 CREATE TABLE completion_batches (    -- the accepted completions of a run, a commit's per row:
   id INTEGER PRIMARY KEY,            -- (read them through the view `completions` below)
   run TEXT NOT NULL,
-  rows TEXT NOT NULL                 -- JSON: [[lease, worker, set, epoch, job, loss, samples,
-);                                   --         metrics, time_ms], ...]
+  rows TEXT NOT NULL,
+  sum INTEGER
+);
 CREATE TABLE epochs (
   run TEXT NOT NULL,
   set_name TEXT NOT NULL,
@@ -128,6 +141,11 @@ uint64_t config_sum(std::string_view name, std::string_view format, std::string_
   uint64_t h = XXH3_64bits_withSeed(name.data(), name.size(), 0);
   h = XXH3_64bits_withSeed(format.data(), format.size(), h);
   return XXH3_64bits_withSeed(text.data(), text.size(), h);
+}
+uint64_t batch_sum(uint64_t before, int64_t id, std::string_view run, std::string_view rows) {
+  uint64_t h = XXH3_64bits_withSeed(&id, sizeof id, before);
+  h = XXH3_64bits_withSeed(run.data(), run.size(), h);
+  return XXH3_64bits_withSeed(rows.data(), rows.size(), h);
 }
 // SQLite keeps signed 64-bit integers.
 int64_t as_int(uint64_t v) { return static_cast<int64_t>(v); }
@@ -252,6 +270,119 @@ Result<void> migrate_from_3(sqlite::Db& db) {
   return {};
 }
 
+// Schema 4 -> 5, in one transaction: every checksum filled in where schema 3 left it NULL
+// (schema 5 reads a NULL where a checksum belongs as damage: one rule for every table), the
+// log rows schema 3 wrote re-encoded as schema 4 writes them (with outcomes, unknown), each
+// run's chain made whole again from its snapshot, and a chain over completion_batches. Rows
+// that carry a checksum are checked first, as a start would: a migration blesses no damage.
+Result<void> migrate_from_4(sqlite::Db& db) {
+  if (auto r = db.exec(std::string("BEGIN; ALTER TABLE completion_batches ADD COLUMN sum "
+                                   "INTEGER;") +
+                       kCountedCompletionsView);
+      !r) {
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
+    return r;
+  }
+  auto fail = [&](Error e) -> Result<void> {
+    (void)db.exec("ROLLBACK");  // dropped: the error returned is the one to report
+    return tl::unexpected(std::move(e));
+  };
+  auto each = [&](const std::string& sql,
+                  const std::function<Result<void>(sqlite::Statement&)>& fn) -> Result<void> {
+    auto stmt = db.prepare(sql);
+    if (!stmt) return tl::unexpected(stmt.error());
+    while (true) {
+      auto row = stmt->step();
+      if (!row) return tl::unexpected(row.error());
+      if (!*row) return {};
+      if (auto r = fn(*stmt); !r) {
+        stmt->reset();
+        return r;
+      }
+    }
+  };
+  auto update = [&](const std::string& sql) { return db.prepare(sql); };
+  auto set_run = update("UPDATE runs SET sum = ? WHERE name = ?");
+  auto set_snapshot = update("UPDATE snapshots SET chain = ?, sum = ? WHERE run = ?");
+  auto set_row = update("UPDATE log SET records = ?, sum = ? WHERE seq = ?");
+  auto set_batch = update("UPDATE completion_batches SET sum = ? WHERE id = ?");
+  for (auto* s : {&set_run, &set_snapshot, &set_row, &set_batch}) {
+    if (!*s) return fail(s->error());
+  }
+  auto r = each("SELECT name, config_format, config FROM runs WHERE sum IS NULL",
+                [&](sqlite::Statement& row) {
+                  return set_run->bind(1, as_int(config_sum(row.text(0), row.text(1), row.text(2))))
+                      .bind(2, row.text(0))
+                      .run();
+                });
+  if (!r) return fail(r.error());
+  r = each("SELECT run, seq, state, coalesce(chain, 0) FROM snapshots WHERE sum IS NULL",
+           [&](sqlite::Statement& row) {
+             const int64_t chain = row.int64(3);
+             const uint64_t sum =
+                 snapshot_sum(static_cast<uint64_t>(chain), row.int64(1), row.blob(2));
+             return set_snapshot->bind(1, chain).bind(2, as_int(sum)).bind(3, row.text(0)).run();
+           });
+  if (!r) return fail(r.error());
+  struct Chain {
+    uint64_t old_before = 0, new_before = 0;
+    bool rewriting = false;
+  };
+  std::map<std::string, Chain> chains;
+  r = each("SELECT run, chain FROM snapshots", [&](sqlite::Statement& row) {
+    chains[row.text(0)] = {static_cast<uint64_t>(row.int64(1)), static_cast<uint64_t>(row.int64(1)),
+                           false};
+    return Result<void>{};
+  });
+  if (!r) return fail(r.error());
+  r = each(
+      "SELECT l.seq, l.run, l.time_ms, l.records, l.sum FROM log l LEFT JOIN snapshots s ON "
+      "s.run = l.run WHERE l.seq > coalesce(s.seq, 0) ORDER BY l.seq",
+      [&](sqlite::Statement& row) -> Result<void> {
+        const int64_t seq = row.int64(0);
+        const std::string run = row.text(1);
+        const TimeMs time = row.int64(2);
+        std::string records = row.blob(3);
+        Chain& c = chains[run];
+        if (row.is_null(4)) {  // schema 3's encoding
+          std::string encoded;
+          Record rec;
+          Result<void> stopped;
+          if (!decode_records(records, false, &rec, &stopped, [&](const Record& x) {
+                encode_record(&encoded, x.kind, x.time, x.target, x.body, kOutcomeUnknown);
+                return Result<void>{};
+              })) {
+            return failed_precondition("log row " + std::to_string(seq) + " of run " + run +
+                                       " is malformed");
+          }
+          records = std::move(encoded);
+          c.old_before = 0;
+          c.rewriting = true;
+        } else {
+          if (as_int(row_sum(c.old_before, seq, run, time, records)) != row.int64(4)) {
+            return failed_precondition("log row " + std::to_string(seq) + " of run " + run +
+                                       " fails its checksum");
+          }
+          c.old_before = static_cast<uint64_t>(row.int64(4));
+          if (!c.rewriting) {
+            c.new_before = c.old_before;
+            return {};
+          }
+        }
+        c.new_before = row_sum(c.new_before, seq, run, time, records);
+        return set_row->bind_blob(1, records).bind(2, as_int(c.new_before)).bind(3, seq).run();
+      });
+  if (!r) return fail(r.error());
+  uint64_t before = 0;
+  r = each("SELECT id, run, rows FROM completion_batches ORDER BY id", [&](sqlite::Statement& row) {
+    before = batch_sum(before, row.int64(0), row.text(1), row.text(2));
+    return set_batch->bind(1, as_int(before)).bind(2, row.int64(0)).run();
+  });
+  if (!r) return fail(r.error());
+  if (auto done = db.exec("PRAGMA user_version=5; COMMIT"); !done) return fail(done.error());
+  return {};
+}
+
 uint64_t free_bytes_at(const std::string& dir) {
   struct statvfs fs {};
   if (::statvfs(dir.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: not low
@@ -264,6 +395,63 @@ tl::unexpected<Error> refuse(const std::string& path, const std::string& why) {
   return failed_precondition(path + ": " + why +
                              ". traincoord did not change it; point --data-dir elsewhere, or "
                              "move the file away to start afresh");
+}
+
+// Why SQLite could not read the database at `path` (SQLite's extended result code `rc`, its
+// message `why`): only a file that is not a database, or a damaged one, is called so; a file
+// traincoord may not read, a disk it may not write, a lock held are said as they are, and the
+// database is not to be moved away for them.
+tl::unexpected<Error> refuse_unreadable(const DataDir& dir, int rc, const std::string& why,
+                                        bool read_only) {
+  const std::string name = dir.path_of(Store::kFileName);
+  // First what the file system says (SQLite often says only "unable to open database file").
+  const int fd = ::openat(dir.fd(), Store::kFileName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return failed_precondition(
+        "cannot read " + name + " (" + std::strerror(err) + ")" +
+        (err == EACCES || err == EPERM
+             ? ": run traincoord as the user that owns it, or give this user read access; the "
+               "database is not known to be damaged, do not move it away"
+             : std::string()));
+  }
+  char header[16] = {};
+  const ssize_t n = ::pread(fd, header, sizeof header, 0);
+  ::close(fd);
+  if (n > 0 && (n < 16 || std::memcmp(header, "SQLite format 3", 16) != 0)) {
+    return refuse(name, "not a SQLite database (" + why + ")");
+  }
+  const int primary = rc & 0xFF;
+  struct statvfs fs {};
+  const bool ro_fs = ::fstatvfs(dir.fd(), &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0;
+  const bool dir_writable = ::faccessat(dir.fd(), ".", W_OK, AT_EACCESS) == 0;
+  if (primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY || primary == SQLITE_PERM ||
+      primary == SQLITE_AUTH || (read_only && (ro_fs || !dir_writable))) {
+    if (ro_fs || !dir_writable) {
+      return failed_precondition(
+          "cannot read " + name + " (" + why + "): it is in WAL mode, and SQLite needs its " +
+          Store::kFileName + "-shm file to read the commits still in " + Store::kFileName +
+          "-wal, but " + dir.path() +
+          (ro_fs ? " is on a read-only file system" : " is not writable by this user") +
+          ". The database is not known to be damaged, do not move it away: copy the data dir "
+          "somewhere writable (cp -a " +
+          dir.path() +
+          " COPY) and run traincoord inspect --data-dir COPY, or remount it read-write");
+    }
+    return failed_precondition("cannot open " + name + " (" + why +
+                               "): check that this user may read and write it and its -wal and "
+                               "-shm files; the database is not known to be damaged");
+  }
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    return failed_precondition(name + " is locked by another process (" + why +
+                               "): try again once it is done; the database is not damaged");
+  }
+  if (primary == SQLITE_IOERR) {
+    return failed_precondition("an I/O error reading " + name + " (" + why +
+                               "): check the disk (dmesg); traincoord did not change the file");
+  }
+  if (primary == SQLITE_NOTADB) return refuse(name, "not a SQLite database (" + why + ")");
+  return refuse(name, "a damaged SQLite database (" + why + ")");
 }
 
 }  // namespace
@@ -281,30 +469,41 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     }
   }
   if (ec) return failed_precondition("cannot create data dir " + options.dir + ": " + ec.message());
+  // The data dir is opened once, and every file in it is opened relative to that descriptor,
+  // without following links (data_dir.h): a link planted in it is refused, never written
+  // through. The links on the way to the dir are the operator's choice and are followed (once,
+  // here: SQLite is given the resolved path, with SQLITE_OPEN_NOFOLLOW for its last part).
+  auto dir = DataDir::open(options.dir, options.read_only);
+  if (!dir) return tl::unexpected(dir.error());
   // One writer per data dir: a second server (or launch) on it is refused here, before it
-  // reads anything (two writers would interleave their logs). The lock goes with the process,
-  // also when it is killed. Opening the lock file for writing also finds a read-only disk.
+  // reads anything (two writers would interleave their logs). The lock is held on the data
+  // dir itself (flock on its descriptor): unlike a file in it, the dir cannot be unlinked or
+  // swapped under a running server. It goes with the process, also when it is killed.
   int lock_fd = -1;
   if (!options.read_only) {
-    const std::string lock_path = options.dir + "/" + kLockFileName;
-    lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd < 0) {
-      return failed_precondition("cannot write in data dir " + options.dir + " (" +
-                                 std::strerror(errno) +
-                                 "): traincoord needs to write there; for a read-only look "
-                                 "at its runs, use `traincoord inspect`");
+    if (auto r = dir->lock(kLockFileName); !r) return tl::unexpected(r.error());
+    // traincoord.lock keeps the holder's pid, for the message above; older versions locked it
+    // alone, so it is locked too (a server of an older version on the same dir is refused).
+    // Opening it for writing also finds a read-only disk.
+    int err = 0;
+    auto lock_file = dir->open_file(kLockFileName, O_RDWR | O_CREAT, 0600, true, &err);
+    if (!lock_file) {
+      if (err == EROFS || err == EACCES || err == EPERM) {
+        return failed_precondition("cannot write in data dir " + options.dir + " (" +
+                                   std::strerror(err) +
+                                   "): traincoord needs to write there; for a read-only look "
+                                   "at its runs, use `traincoord inspect`");
+      }
+      return tl::unexpected(lock_file.error());
     }
+    lock_fd = *lock_file;
     if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      char pid[32] = {};
-      const ssize_t n = ::pread(lock_fd, pid, sizeof pid - 1, 0);
       ::close(lock_fd);
-      std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-      return failed_precondition(
-          "data dir " + options.dir + " is in use by another traincoord process" +
-          (holder.empty() ? std::string() : " (pid " + holder + ")") +
-          ": stop it first, or give this one another --data-dir (`traincoord inspect` reads a "
-          "data dir in use)");
+      return failed_precondition("data dir " + options.dir +
+                                 " is in use by an older traincoord process (it holds " +
+                                 kLockFileName +
+                                 "): stop it first, or give this one another "
+                                 "--data-dir");
     }
     const uint64_t free = free_bytes_at(options.dir);
     const std::string pid = std::to_string(::getpid()) + "\n";
@@ -328,21 +527,52 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       if (fd >= 0) ::close(fd);
     }
   } lock{lock_fd};
-  const std::string path = options.dir + "/" + kFileName;
-  const bool existed = std::filesystem::exists(path);
-  if (options.read_only && !existed) {
-    return not_found("no traincoord database at " + path);
+  // SQLite opens its own files by name: the database with SQLITE_OPEN_NOFOLLOW, its -wal,
+  // -shm and -journal as they are. Each of them that exists must be a regular file (of the
+  // user's, read-write) with one link, checked here before SQLite opens any.
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    if (auto r = dir->check_existing(std::string(kFileName) + suffix, !options.read_only); !r) {
+      return tl::unexpected(r.error());
+    }
   }
-  auto db = sqlite::Db::open(path, options.read_only);
-  if (!db) return tl::unexpected(db.error());
+  const std::string path = dir->resolved() + "/" + kFileName;
+  const bool existed = dir->exists(kFileName);
+  if (options.read_only && !existed) {
+    return not_found("no traincoord database at " + options.dir + "/" + kFileName);
+  }
+  int open_rc = SQLITE_OK;
+  auto db = sqlite::Db::open(path, options.read_only, SQLITE_OPEN_NOFOLLOW, &open_rc);
+  if (!db) return refuse_unreadable(*dir, open_rc, db.error().message, options.read_only);
 
   // Read the header before anything writes: a file that is not ours is never touched.
   auto app_id = db->scalar("PRAGMA application_id");
-  if (!app_id)
-    return refuse(path, "not a SQLite database, or corrupt (" + app_id.error().message + ")");
+  if (!app_id && options.read_only && open_rc == SQLITE_OK) {
+    // A read-only look may find it on a read-only disk, where SQLite cannot make the -shm file
+    // a WAL database is read with: without a -wal file (a server that stopped cleanly leaves
+    // none) the database file is all there is, and is read as immutable.
+    const int rc = sqlite3_extended_errcode(db->raw());
+    if (!dir->exists(std::string(kFileName) + "-wal")) {
+      auto immutable = sqlite::Db::open("file:" + path + "?immutable=1", true,
+                                        SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_URI);
+      if (immutable) {
+        auto id = immutable->scalar("PRAGMA application_id");
+        if (id) {
+          db = std::move(immutable);
+          app_id = std::move(id);
+        }
+      }
+    }
+    if (!app_id) return refuse_unreadable(*dir, rc, app_id.error().message, true);
+  }
+  if (!app_id) {
+    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()), app_id.error().message,
+                             options.read_only);
+  }
   auto tables = db->scalar("SELECT count(*) FROM sqlite_master");
-  if (!tables)
-    return refuse(path, "not a SQLite database, or corrupt (" + tables.error().message + ")");
+  if (!tables) {
+    return refuse_unreadable(*dir, sqlite3_extended_errcode(db->raw()), tables.error().message,
+                             options.read_only);
+  }
   const bool fresh = std::stoll(*tables) == 0 && std::stoll(*app_id) == 0;
   int schema = kSchemaVersion;
   if (!fresh) {
@@ -368,10 +598,10 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       return tl::unexpected(r.error());
     }
     if (fresh) {
-      if (auto r =
-              db->exec(std::string("BEGIN;") + kSchema + kCompletionsView +
-                       "PRAGMA application_id=" + std::to_string(kApplicationId) +
-                       "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
+      if (auto r = db->exec(
+              std::string("BEGIN;") + kSchema + kCompletionsView + kCountedCompletionsView +
+              "PRAGMA application_id=" + std::to_string(kApplicationId) +
+              "; PRAGMA user_version=" + std::to_string(kSchemaVersion) + "; COMMIT;");
           !r) {
         return tl::unexpected(r.error());
       }
@@ -394,10 +624,17 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
       }
       schema = 4;
     }
+    if (schema == 4) {
+      if (auto r = migrate_from_4(*db); !r) {
+        return refuse(path, "cannot be upgraded from schema 4 (" + r.error().message + ")");
+      }
+      schema = 5;
+    }
   } else if (fresh) {
     return refuse(path, "an empty database");
   }
-  std::unique_ptr<Store> store(new Store(options, path, std::move(*db)));
+  std::unique_ptr<Store> store(
+      new Store(options, options.dir + "/" + kFileName, std::move(*db), std::move(*dir)));
   store->schema_ = schema;  // read-only, an older schema is read as it is
   if (!options.read_only) {
     // Log rows are numbered here, above every number used before (also by rows a snapshot
@@ -416,9 +653,25 @@ Result<std::unique_ptr<Store>> Store::open(const StoreOptions& options) {
     store->lock_fd_ = std::exchange(lock.fd, -1);
     if (auto r = store->check_head(); !r) return tl::unexpected(r.error());
     if (auto r = store->load_chains(); !r) return tl::unexpected(r.error());
+    auto last_batch =
+        store->db_.prepare("SELECT id, sum FROM completion_batches ORDER BY id DESC LIMIT 1");
+    if (!last_batch) return tl::unexpected(last_batch.error());
+    auto found = last_batch->step();
+    if (!found) return tl::unexpected(found.error());
+    if (*found) {
+      store->next_batch_id_ = last_batch->int64(0) + 1;
+      store->batch_chain_ = static_cast<uint64_t>(last_batch->int64(1));
+      last_batch->reset();
+    }
     if (auto r = store->find_untrimmed(); !r) return tl::unexpected(r.error());
     if (auto r = store->prepare_statements(); !r) return tl::unexpected(r.error());
     auto checkpointer = Checkpointer::start(path, store->db_.raw());
+    // SQLite has made its -wal and -shm files by now: they are checked as the others were.
+    for (const char* suffix : {"-wal", "-shm"}) {
+      if (auto r = store->dir_.check_existing(std::string(kFileName) + suffix); !r) {
+        return tl::unexpected(r.error());
+      }
+    }
     if (!checkpointer) return tl::unexpected(checkpointer.error());
     store->checkpointer_ = std::move(*checkpointer);
   }
@@ -455,22 +708,30 @@ void Store::write_head(int64_t seq) {
 
 Result<void> Store::check_head() {
   const std::string head_path = options_.dir + "/" + kHeadFileName;
-  head_fd_ = ::open(head_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (head_fd_ < 0) {
-    return failed_precondition("cannot write " + head_path + ": " + std::strerror(errno));
-  }
+  const bool had_head = dir_.exists(kHeadFileName);
+  auto head = dir_.open_file(kHeadFileName, O_RDWR | O_CREAT);
+  if (!head) return tl::unexpected(head.error());
+  head_fd_ = *head;
   char buf[32];
   const ssize_t n = ::pread(head_fd_, buf, sizeof buf, 0);
   const int64_t held = next_seq_ - 1;  // the last log row the database holds (or covers)
+  // A head that cannot be read makes the check of lost commits impossible: the start is
+  // refused, saying so (the head exists to find a lost tail of the log, which nothing else
+  // finds). An operator who accepts that removes the file; the next start writes a new one.
+  auto unreadable = [&](const std::string& why) {
+    return failed_precondition(
+        head_path + " " + why + ", so traincoord cannot check whether " + path_ +
+        " lost commits (rows at the end of its log, which nothing else finds). Nothing was "
+        "changed. If the disk is healthy and you accept that risk, remove it (rm " +
+        head_path + ") and start again; else restore the data dir from a backup");
+  };
   if (n == static_cast<ssize_t>(sizeof buf) && std::memcmp(buf, kHeadMagic, 16) == 0) {
     int64_t seq = 0;
     uint64_t sum = 0;
     std::memcpy(&seq, buf + 16, 8);
     std::memcpy(&sum, buf + 24, 8);
     if (sum != XXH3_64bits(buf, 24)) {
-      notices_.push_back(head_path +
-                         " is damaged; it was ignored (it only serves to find lost "
-                         "commits)");
+      return unreadable("is damaged (its checksum does not match)");
     } else if (seq > held) {
       notices_.push_back(
           "WARNING: " + path_ + " lost commits: it holds log rows up to " + std::to_string(held) +
@@ -479,11 +740,22 @@ Result<void> Store::check_head() {
           " commits are lost (was the -wal file deleted, or did the disk drop writes?). The runs "
           "go on from what was kept: work done in the lost commits is handed out again");
     }
+  } else if (n < 0) {
+    return unreadable(std::string("cannot be read (") + std::strerror(errno) + ")");
   } else if (n != 0) {
-    notices_.push_back(head_path + " is not a head file; it was ignored and will be rewritten");
+    return unreadable("is not a head file (" + std::to_string(n) + " bytes, not the " +
+                      std::to_string(sizeof buf) + " of a head record)");
+  } else if (held > 0) {
+    notices_.push_back(
+        "WARNING: " + head_path + (had_head ? " was empty" : " was missing") + " while " + path_ +
+        " holds log rows up to " + std::to_string(held) +
+        ": whether commits were lost at the end of the log cannot be checked this once (a "
+        "version before schema 4 wrote no head; else it was removed, or lost with the disk's "
+        "cache)");
   }
   head_written_ = -1;  // (written even when the database holds no row: the head may lead it)
   write_head(held);
+  if (options_.durability == Durability::kFsync) (void)::fsync(head_fd_);  // (once a start)
   return {};
 }
 
@@ -511,7 +783,7 @@ Result<void> Store::prepare_statements() {
       {&insert_run_,
        "INSERT INTO runs (name, config_format, config, created_ms, sum) VALUES (?,?,?,?,?)"},
       {&insert_record_, "INSERT INTO log (seq, run, time_ms, records, sum) VALUES (?,?,?,?,?)"},
-      {&insert_completion_, "INSERT INTO completion_batches (run, rows) VALUES (?,?)"},
+      {&insert_completion_, "INSERT INTO completion_batches (id, run, rows, sum) VALUES (?,?,?,?)"},
       {&upsert_epoch_,
        "INSERT OR REPLACE INTO epochs (run, set_name, epoch, jobs, done, failed, closed, loss, "
        "samples, nonfinite_jobs) VALUES (?,?,?,?,?,?,?,?,?,?)"},
@@ -520,6 +792,8 @@ Result<void> Store::prepare_statements() {
        "INSERT OR REPLACE INTO snapshots (run, seq, time_ms, state, chain, sum) VALUES "
        "(?,?,?,?,?,?)"},
       {&delete_log_, "DELETE FROM log WHERE seq = ?"},
+      {&delete_epochs_, "DELETE FROM epochs"},
+      {&delete_run_epochs_, "DELETE FROM epochs WHERE run = ?"},
       // IMMEDIATE: the write lock at once, waiting (busy timeout) while a checkpoint holds it.
       {&begin_, "BEGIN IMMEDIATE"},
       {&commit_, "COMMIT"},
@@ -549,10 +823,15 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
     r.config_format = stmt->text(1);
     r.config_text = stmt->text(2);
     r.created_ms = stmt->int64(3);
-    if (!stmt->is_null(6) &&
-        stmt->int64(6) != as_int(config_sum(r.name, r.config_format, r.config_text))) {
+    // Schema 5: a NULL where a checksum belongs is damage, as a wrong one is (schema 4 read
+    // what schema 3 left NULL unchecked; the upgrade to 5 filled those in).
+    const bool strict = schema_ >= 5;
+    if ((strict && stmt->is_null(6)) ||
+        (!stmt->is_null(6) &&
+         stmt->int64(6) != as_int(config_sum(r.name, r.config_format, r.config_text)))) {
       return failed_precondition(path_ + ": the config of run " + r.name +
-                                 " fails its checksum: the database was changed or damaged. "
+                                 (stmt->is_null(6) ? " has no checksum" : " fails its checksum") +
+                                 ": the database was changed or damaged. "
                                  "traincoord refuses to guess; restore the data dir from a "
                                  "backup, or move it away to start afresh");
     }
@@ -560,14 +839,17 @@ Result<std::vector<SavedRun>> Store::saved_runs() {
     if (!stmt->is_null(4)) {
       r.snapshot = stmt->blob(4);
       r.snapshot_seq = stmt->int64(5);
-      if (!stmt->is_null(8)) {
+      if (!stmt->is_null(8) || strict) {
         chain = static_cast<uint64_t>(stmt->int64(7));
-        if (stmt->int64(8) != as_int(snapshot_sum(chain, r.snapshot_seq, *r.snapshot))) {
-          return failed_precondition(path_ + ": the snapshot of run " + r.name +
-                                     " (as of log row " + std::to_string(r.snapshot_seq) +
-                                     ") fails its checksum: the database was changed or damaged. "
-                                     "traincoord refuses to guess; restore the data dir from a "
-                                     "backup, or move it away to start afresh");
+        if (stmt->is_null(8) || stmt->is_null(7) ||
+            stmt->int64(8) != as_int(snapshot_sum(chain, r.snapshot_seq, *r.snapshot))) {
+          return failed_precondition(
+              path_ + ": the snapshot of run " + r.name + " (as of log row " +
+              std::to_string(r.snapshot_seq) + ") " +
+              (stmt->is_null(8) || stmt->is_null(7) ? "has no checksum" : "fails its checksum") +
+              ": the database was changed or damaged. "
+              "traincoord refuses to guess; restore the data dir from a "
+              "backup, or move it away to start afresh");
         }
       }
     }
@@ -626,6 +908,7 @@ Result<void> Store::for_each_record(const std::function<Result<void>(const Recor
     } else {
       const std::string records = stmt->blob(2);
       const bool checked = !stmt->is_null(3);
+      if (!checked && schema_ >= 5) return damaged("has no checksum");
       if (checked) {
         uint64_t& before = chain[r.run];
         const uint64_t sum = row_sum(before, r.seq, r.run, stmt->int64(4), records);
@@ -637,6 +920,32 @@ Result<void> Store::for_each_record(const std::function<Result<void>(const Recor
       if (!decode_records(records, checked, &r, &stopped, each)) return damaged("is malformed");
     }
     if (!stopped) return stopped;
+  }
+}
+
+Result<uint64_t> Store::check_completions() {
+  if (schema_ < 5) return 0;
+  auto stmt = db_.prepare("SELECT id, run, rows, sum FROM completion_batches ORDER BY id");
+  if (!stmt) return tl::unexpected(stmt.error());
+  uint64_t before = 0, rows = 0;
+  while (true) {
+    auto row = stmt->step();
+    if (!row) return tl::unexpected(row.error());
+    if (!*row) return rows;
+    const int64_t id = stmt->int64(0);
+    const std::string run = stmt->text(1);
+    before = batch_sum(before, id, run, stmt->text(2));
+    rows += 1;
+    const bool no_sum = stmt->is_null(3);
+    if (no_sum || as_int(before) != stmt->int64(3)) {
+      stmt->reset();
+      return failed_precondition(
+          path_ + ": row " + std::to_string(id) + " of completion_batches (run " + run + ") " +
+          (no_sum ? "has no checksum" : "fails its checksum") +
+          ": it, or a row before it, was changed, removed or damaged. The runs' state does not "
+          "depend on it (a start restores them without it), but the completions it shows may "
+          "be wrong: restore the data dir from a backup to have them exact");
+    }
   }
 }
 
@@ -693,12 +1002,19 @@ void StoreBatch::append(StoreBatch&& later) {
   auto move_all = [](auto& to, auto& from) {
     to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
   };
+  // Epoch rows that a later reset replaces are dropped here: write() deletes before it upserts.
+  if (later.derive_epochs) epochs.clear();
+  for (const std::string& run : later.epoch_resets) {
+    std::erase_if(epochs, [&](const EpochRow& e) { return e.run == run; });
+  }
   move_all(runs, later.runs);
   move_all(log, later.log);
   move_all(completions, later.completions);
   move_all(epochs, later.epochs);
   move_all(run_states, later.run_states);
   move_all(snapshots, later.snapshots);
+  derive_epochs = derive_epochs || later.derive_epochs;
+  move_all(epoch_resets, later.epoch_resets);
 }
 
 void Store::take_run_state(const Run& run, StoreBatch* batch) {
@@ -747,8 +1063,30 @@ StoreBatch Store::take_batch(const Engine& engine, bool snapshots, TimeMs now) {
   for (StoreBatch::CompletionBatch& c : pending_completions_) c.rows.push_back(']');
   batch.completions = std::move(pending_completions_);
   pending_completions_.clear();
+  if (derive_epochs_) {
+    // A start: the table is written again from the state restored (which the checksums
+    // cover), so a row edited by hand, or left by a lineage a restore abandoned, does not last.
+    derive_epochs_ = false;
+    batch.derive_epochs = true;
+    closed_epochs_written_.clear();
+    for (const Run* run : engine.runs()) {
+      touched_.insert(run->config().name);
+      restores_seen_[run->config().name] = run->counters().restores;
+    }
+  }
   for (const std::string& name : touched_) {
-    if (auto run = engine.find(name)) take_run_state(**run, &batch);
+    auto run = engine.find(name);
+    if (!run) continue;
+    // A restore put back the epochs of a cut: the rows written since (losses of the lineage
+    // abandoned) are replaced by the run's epochs as they are now.
+    const uint64_t restores = (*run)->counters().restores;
+    auto [seen, first] = restores_seen_.try_emplace(name, restores);
+    if (!first && seen->second != restores) {
+      seen->second = restores;
+      batch.epoch_resets.push_back(name);
+      closed_epochs_written_[name] = 0;
+    }
+    take_run_state(**run, &batch);
   }
   touched_.clear();
   if (snapshots) {
@@ -782,9 +1120,22 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
     insert_record_.bind_blob_ref(4, row.records).bind(5, as_int(row.sum));
     if (auto r = insert_record_.run(); !r) return rollback(r.error());
   }
+  // (the chain goes on only once the commit is made: a batch refused for want of room is
+  // written again with the same numbers)
+  int64_t batch_id = next_batch_id_;
+  uint64_t batch_chain = batch_chain_;
   for (const StoreBatch::CompletionBatch& c : batch.completions) {
-    insert_completion_.bind_ref(1, c.run).bind_ref(2, c.rows);
+    batch_chain = batch_sum(batch_chain, batch_id, c.run, c.rows);
+    insert_completion_.bind(1, batch_id++).bind_ref(2, c.run).bind_ref(3, c.rows);
+    insert_completion_.bind(4, as_int(batch_chain));
     if (auto r = insert_completion_.run(); !r) return rollback(r.error());
+  }
+  if (batch.derive_epochs) {
+    if (auto r = delete_epochs_.run(); !r) return rollback(r.error());
+  }
+  for (const std::string& run : batch.epoch_resets) {
+    delete_run_epochs_.bind(1, run);
+    if (auto r = delete_run_epochs_.run(); !r) return rollback(r.error());
   }
   for (const StoreBatch::EpochRow& e : batch.epochs) {
     auto& s = upsert_epoch_;
@@ -821,6 +1172,8 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
     trimmed.push_back(trim_[i]);
   }
   if (auto r = commit_.run(); !r) return rollback(r.error());
+  next_batch_id_ = batch_id;
+  batch_chain_ = batch_chain;
   if (!batch.log.empty()) write_head(batch.log.back().seq);
   trim_.erase(trim_.begin(), trim_.begin() + static_cast<std::ptrdiff_t>(trimmed.size()));
   for (const StoreBatch::LogRow& row : batch.log) untrimmed_[row.run].push_back(row.seq);

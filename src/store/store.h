@@ -28,6 +28,7 @@
 #include "journal/journal.h"
 #include "json/json_writer.h"
 #include "store/checkpointer.h"
+#include "store/data_dir.h"
 #include "store/sqlite.h"
 
 namespace traincoord {
@@ -90,9 +91,15 @@ struct StoreBatch final : JournalBatch {
   std::vector<EpochRow> epochs;
   std::vector<RunRow> run_states;
   std::vector<SnapshotRow> snapshots;
+  // The epochs table is derived from the runs' state: all of it again at the first commit after
+  // a start (`derive_epochs`: its rows are deleted first, whatever was edited in them), and a
+  // run's again after a restore changed its epochs (`epoch_resets`: that run's rows deleted).
+  bool derive_epochs = false;
+  std::vector<std::string> epoch_resets;
 
   bool empty() const override {
-    return runs.empty() && log.empty() && completions.empty() && snapshots.empty();
+    return runs.empty() && log.empty() && completions.empty() && snapshots.empty() &&
+           !derive_epochs && epoch_resets.empty();
   }
   // Appends `later` (written after this one).
   void append(StoreBatch&& later);
@@ -101,9 +108,10 @@ struct StoreBatch final : JournalBatch {
 
 class Store final : public Journal {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
   static constexpr const char* kFileName = "traincoord.db";
-  // Held (flock) by the one process that writes the data dir; holds its pid.
+  // Holds the pid of the one process that writes the data dir (which holds a flock on the dir
+  // itself, and on this file for older versions).
   static constexpr const char* kLockFileName = "traincoord.lock";
   // The number of the last log row committed, written after each commit (no fsync): a
   // database that holds less at the next start lost commits (a deleted -wal file, a disk that
@@ -144,6 +152,10 @@ class Store final : public Journal {
   // Checks each log row's checksum chain before its records reach `fn`.
   Result<void> for_each_record(const std::function<Result<void>(const Record&)>& fn) override;
   Result<TimeMs> latest_time() override;
+  // Checks the checksum chain over all rows of completion_batches (what the view `completions`
+  // shows; the runs' state does not depend on it, so a start does not read it all): the number
+  // of rows, or an error naming the first row found changed, removed or damaged. Schema 5.
+  Result<uint64_t> check_completions();
 
   void add_run(const std::string& name, std::string_view format, std::string_view text,
                TimeMs created) override;
@@ -169,8 +181,11 @@ class Store final : public Journal {
                               TimeMs now) override;
 
  private:
-  Store(StoreOptions options, std::string path, sqlite::Db db)
-      : options_(std::move(options)), path_(std::move(path)), db_(std::move(db)) {}
+  Store(StoreOptions options, std::string path, sqlite::Db db, DataDir dir)
+      : options_(std::move(options)),
+        path_(std::move(path)),
+        dir_(std::move(dir)),
+        db_(std::move(db)) {}
   Result<void> load_chains();
   Result<void> check_head();
   void write_head(int64_t seq);
@@ -182,9 +197,10 @@ class Store final : public Journal {
 
   StoreOptions options_;
   std::string path_;
+  DataDir dir_;  // the data dir, open (and locked, read-write) while the store is
   sqlite::Db db_;
   sqlite::Statement insert_run_, insert_record_, insert_completion_, upsert_epoch_, update_run_,
-      upsert_snapshot_, delete_log_, begin_, commit_;
+      upsert_snapshot_, delete_log_, delete_epochs_, delete_run_epochs_, begin_, commit_;
   std::unique_ptr<Checkpointer> checkpointer_;  // read-write only; (goes before db_ closes)
 
   // Engine thread (take() and the buffers): what is not yet taken, and the bookkeeping of
@@ -210,8 +226,12 @@ class Store final : public Journal {
   int64_t head_written_ = 0;
   bool last_write_full_ = false;
   std::map<std::string, size_t> closed_epochs_written_;  // per run: a prefix of closed epochs
+  std::map<std::string, uint64_t> restores_seen_;        // per run: its restores when last taken
+  bool derive_epochs_ = true;    // the next take() writes the whole epochs table again
   int schema_ = kSchemaVersion;  // of the file (older only when opened read-only)
   int64_t next_seq_ = 1;         // the next log row's number
+  int64_t next_batch_id_ = 1;    // write()'s: the next completion_batches row, and the chain
+  uint64_t batch_chain_ = 0;     // over the rows so far
   // write()'s: log rows a snapshot covers, to delete (a few per commit), and per run the rows
   // no snapshot covers yet.
   std::deque<int64_t> trim_;

@@ -221,7 +221,7 @@ TEST(DurabilityE2E, AFullDiskRefusesNewWorkAndKeepsWhatWasAccepted) {
   std::filesystem::create_directory(disk);
   auto server = ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir", disk,
                                       "--durability", "os", "--min-free-disk", "4"},
-                                     0, TRAINCOORD_BIN, on_tmpfs(disk, "size=16m"));
+                                     0, TRAINCOORD_BIN, on_tmpfs(disk, "size=16m,mode=0700"));
   ASSERT_NE(server, nullptr);
   const uint16_t port = server->port();
   ASSERT_EQ(request(port, "POST", "/v1/runs/d/workers", R"({"name": "w0"})"), 200);
@@ -274,7 +274,7 @@ TEST(DurabilityE2E, AStartOnAFullOrReadOnlyDiskIsRefused) {
   std::filesystem::create_directory(disk);
   int status = 0;
   std::string said =
-      run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=8m tmpfs " + disk +
+      run_command("unshare -Urm sh -c 'mount -t tmpfs -o size=8m,mode=0700 tmpfs " + disk +
                       " && head -c 7000000 "
                       "/dev/zero > " +
                       disk + "/filler && exec " + TRAINCOORD_BIN + " serve --config " + config +
@@ -299,6 +299,136 @@ TEST(DurabilityE2E, AStartOnAFullOrReadOnlyDiskIsRefused) {
   EXPECT_NE(status, 0) << said;
   EXPECT_NE(said.find("cannot write in data dir"), std::string::npos) << said;
   EXPECT_EQ(said.find("listening"), std::string::npos) << said;
+}
+
+// ---- Issue 31 ----
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Item 2: the lock is held on the data dir itself: with its lock file deleted under a running
+// server, a second one on the same dir is still refused, naming the first; the first goes on.
+TEST(DurabilityE2E, ADeletedLockFileLetsNoSecondServerIn) {
+  TempDir dir;
+  const std::string config = dir.write("d.toml", kRun);
+  const std::string data = dir.path() + "/data";
+  auto server = ServerProcess::start({"--config", config, "--data-dir", data});
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(std::filesystem::remove(data + "/traincoord.lock"));
+  int status = 0;
+  const std::string said =
+      run_command(std::string("timeout 20 ") + TRAINCOORD_BIN + " serve --config " + config +
+                      " --data-dir " + data + " --listen 127.0.0.1:0 2>&1",
+                  &status);
+  EXPECT_NE(status, 0) << said;
+  EXPECT_NE(said.find("is in use by another traincoord process (pid " +
+                      std::to_string(server->pid()) + ")"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("listening"), std::string::npos) << said;
+  EXPECT_EQ(request(server->port(), "POST", "/v1/runs/d/workers", R"({"name": "w0"})"), 200);
+  EXPECT_EQ(request(server->port(), "POST", "/v1/runs/d/acquire", R"({"worker": 0})"), 200);
+}
+
+// Item 1: a link planted for any file the server opens in its data dir or its token dir makes
+// the start refused, naming the file; the file the link points to is not touched.
+TEST(DurabilityE2E, ALinkPlantedForAnyFileOfTheDataOrTokenDirIsRefused) {
+  TempDir dir;
+  const std::string config = dir.write("d.toml", kRun);
+  const std::string data = dir.path() + "/data";
+  const std::string tokens = dir.path() + "/tokens";
+  const std::vector<std::string> args = {"--config", config,        "--data-dir", data,
+                                         "--auth",   "--token-dir", tokens};
+  {
+    auto server = ServerProcess::start(args);
+    ASSERT_NE(server, nullptr);
+    server->kill(SIGTERM);
+  }
+  std::string command = std::string("timeout 20 ") + TRAINCOORD_BIN + " serve";
+  for (const std::string& a : args) command += " " + a;
+  command += " --listen 127.0.0.1:0 2>&1";
+  for (const std::string file :
+       {data + "/traincoord.head", data + "/traincoord.lock", data + "/traincoord.db",
+        data + "/traincoord.db-wal", data + "/traincoord.db-shm", data + "/traincoord.db-journal",
+        tokens + "/admin.token", tokens + "/runs/d.token"}) {
+    SCOPED_TRACE(file);
+    const std::string target = dir.path() + "/outside";
+    std::ofstream(target) << "known content";
+    const std::string kept = dir.path() + "/kept";
+    const bool existed = std::filesystem::exists(file);
+    if (existed) std::filesystem::rename(file, kept);
+    std::filesystem::create_symlink(target, file);
+    int status = 0;
+    const std::string said = run_command(command, &status);
+    EXPECT_NE(status, 0) << said;
+    EXPECT_NE(said.find(file + " is a symbolic link"), std::string::npos) << said;
+    EXPECT_EQ(said.find("listening"), std::string::npos) << said;
+    EXPECT_EQ(text_of(target), "known content");
+    std::filesystem::remove(file);
+    if (existed) std::filesystem::rename(kept, file);
+  }
+  // Everything back in place: it starts.
+  auto server = ServerProcess::start(args);
+  ASSERT_NE(server, nullptr);
+}
+
+// Item 1: a data dir others may write to is refused, saying its mode and the chmod to run.
+TEST(DurabilityE2E, ADataDirOthersMayWriteIsRefused) {
+  TempDir dir;
+  const std::string config = dir.write("d.toml", kRun);
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directory(data);
+  ASSERT_EQ(chmod(data.c_str(), 01777), 0);
+  int status = 0;
+  const std::string said =
+      run_command(std::string("timeout 20 ") + TRAINCOORD_BIN + " serve --config " + config +
+                      " --data-dir " + data + " --listen 127.0.0.1:0 2>&1",
+                  &status);
+  EXPECT_NE(status, 0) << said;
+  EXPECT_NE(said.find("(mode 1777)"), std::string::npos) << said;
+  EXPECT_NE(said.find("chmod 700 " + data), std::string::npos) << said;
+}
+
+// Item 6: inspect reads a data dir on a read-only file system, and never calls a healthy
+// database corrupt nor advises moving it away.
+TEST(DurabilityE2E, InspectReadsADataDirOnAReadOnlyFileSystem) {
+  std::string why;
+  if (!can_mount_tmpfs(&why)) GTEST_SKIP() << "no mount namespace here: " << why;
+  TempDir dir;
+  const std::string config = dir.write("d.toml", kRun);
+  const std::string data = dir.path() + "/data";
+  const std::string inspect_ro = "unshare -Urm sh -c 'mount --bind " + data + " " + data +
+                                 " && mount -o remount,bind,ro " + data + " && exec " +
+                                 TRAINCOORD_BIN + " inspect --data-dir " + data + "' 2>&1";
+  {
+    auto server = ServerProcess::start({"--config", config, "--data-dir", data});
+    ASSERT_NE(server, nullptr);
+    ASSERT_EQ(request(server->port(), "POST", "/v1/runs/d/workers", R"({"name": "w0"})"), 200);
+    server->kill(SIGTERM);  // stopped cleanly: no -wal file left
+  }
+  int status = 0;
+  std::string said = run_command(inspect_ro, &status);
+  EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("d"), std::string::npos) << said;
+  EXPECT_EQ(said.find("corrupt"), std::string::npos) << said;
+  EXPECT_EQ(said.find("move the file away"), std::string::npos) << said;
+  {
+    auto server = ServerProcess::start({"--config", config, "--data-dir", data});
+    ASSERT_NE(server, nullptr);
+    ASSERT_EQ(request(server->port(), "POST", "/v1/runs/d/workers", R"({"name": "w1"})"), 200);
+    server->kill(SIGKILL);  // commits left in the -wal file
+  }
+  std::filesystem::remove(data + "/traincoord.db-shm");
+  said = run_command(inspect_ro, &status);
+  // Read if SQLite can; else said as it is: a read-only file system, not damage.
+  if (status != 0) {
+    EXPECT_NE(said.find("read-only file system"), std::string::npos) << said;
+    EXPECT_NE(said.find("not known to be damaged"), std::string::npos) << said;
+  }
+  EXPECT_EQ(said.find("corrupt"), std::string::npos) << said;
+  EXPECT_EQ(said.find("move the file away"), std::string::npos) << said;
 }
 
 }  // namespace

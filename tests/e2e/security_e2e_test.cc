@@ -181,8 +181,10 @@ TEST_F(Tokens, TheDataDirWhichHoldsTheTokensIsCreatedPrivate) {
 TEST_F(Tokens, AnOldLayoutsRunTokenFileIsMovedAndKeepsWorking) {
   const std::string tokens = dir_.path() + "/tokens";
   ASSERT_EQ(mkdir(tokens.c_str(), 0700), 0);
-  std::ofstream(tokens + "/admin.token") << "the-admin-token\n";
-  std::ofstream(tokens + "/e2e.token") << "the-worker-token\n";
+  std::ofstream(tokens + "/admin.token")
+      << "the-admin-token-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n";
+  std::ofstream(tokens + "/e2e.token")
+      << "the-worker-token-wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww\n";
   chmod((tokens + "/admin.token").c_str(), 0600);
   chmod((tokens + "/e2e.token").c_str(), 0600);
   server_ = ServerProcess::start(
@@ -190,10 +192,32 @@ TEST_F(Tokens, AnOldLayoutsRunTokenFileIsMovedAndKeepsWorking) {
   ASSERT_NE(server_, nullptr);
   EXPECT_NE(server_->output().find("moved run e2e's worker token file"), std::string::npos)
       << server_->output();
-  EXPECT_EQ(first_line(tokens + "/runs/e2e.token"), "the-worker-token");
-  EXPECT_EQ(
-      status_of("POST", "/v1/runs/e2e/workers", "Bearer the-worker-token", R"({"name": "w"})"),
-      200);
+  EXPECT_EQ(first_line(tokens + "/runs/e2e.token"),
+            "the-worker-token-wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww");
+  EXPECT_EQ(status_of("POST", "/v1/runs/e2e/workers",
+                      "Bearer the-worker-token-wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww",
+                      R"({"name": "w"})"),
+            200);
+}
+
+// Issue 31, item 18: a token file holding less than a token of the length traincoord makes
+// (one character, say) is refused, saying how to have a new one made.
+TEST_F(Tokens, AShortTokenInATokenFileIsRefused) {
+  const std::string tokens = dir_.path() + "/tokens";
+  ASSERT_EQ(mkdir(tokens.c_str(), 0700), 0);
+  std::ofstream(tokens + "/admin.token") << "x\n";
+  chmod((tokens + "/admin.token").c_str(), 0600);
+  int status = 0;
+  const std::string said =
+      run_command(std::string("timeout 20 ") + TRAINCOORD_BIN + " serve --config " +
+                      dir_.write("e2e.toml", kRun) + " --in-memory --auth --token-dir " + tokens +
+                      " --listen 127.0.0.1:0 2>&1",
+                  &status);
+  EXPECT_NE(status, 0) << said;
+  EXPECT_NE(said.find(tokens + "/admin.token holds a token of 1 characters"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("rm " + tokens + "/admin.token"), std::string::npos) << said;
+  EXPECT_EQ(said.find("listening"), std::string::npos) << said;
 }
 
 class Names : public Framing {};
