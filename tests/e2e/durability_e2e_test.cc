@@ -349,7 +349,7 @@ TEST(DurabilityE2E, ALinkPlantedForAnyFileOfTheDataOrTokenDirIsRefused) {
   std::string command = std::string("timeout 20 ") + TRAINCOORD_BIN + " serve";
   for (const std::string& a : args) command += " " + a;
   command += " --listen 127.0.0.1:0 2>&1";
-  for (const std::string file :
+  for (const std::string& file :
        {data + "/traincoord.head", data + "/traincoord.lock", data + "/traincoord.db",
         data + "/traincoord.db-wal", data + "/traincoord.db-shm", data + "/traincoord.db-journal",
         tokens + "/admin.token", tokens + "/runs/d.token"}) {
