@@ -602,10 +602,9 @@ int launch(const LaunchArgs& args) {
     }
     if (standing->state == "restart") {
       // (once after a round ended before this node polled; every time: a coordinator astray)
+      const std::string why = standing->why.empty() ? "" : " (" + standing->why + ")";
       if (in_trouble("a round: the coordinator at " + url +
-                     " answered `restart` to every join "
-                     "of node " +
-                     node + (standing->why.empty() ? "" : " (" + standing->why + ")"))) {
+                     " answered `restart` to every join of node " + node + why)) {
         break;
       }
       standing = join();
