@@ -1,12 +1,14 @@
 """`traincoord launch` against a coordinator that never lets it in (docs/LAUNCH.md): the agent
 backs off between its requests and gives up after --rdzv-timeout with one line saying what it
-waited for; and it presents its node's secret on every request."""
+waited for; it presents its node's secret on every request, so that a second agent under the
+same --node cannot disturb the first one's round."""
 
 import http.server
 import json
 import subprocess
 import threading
 import time
+import urllib.request
 
 from conftest import BINARY
 
@@ -50,12 +52,13 @@ class FakeCoordinator:
         self.httpd.server_close()
 
 
-def run_agent(url, rdzv_timeout, limit):
-    """Runs an agent against `url`; returns (exit code, output, seconds), stopping it at `limit`."""
+def run_agent(url, rdzv_timeout, limit, run="r", command=("/bin/true",)):
+    """Runs an agent of node n1 against `url`; returns (exit code, output, seconds), stopping it
+    at `limit`."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        [BINARY, "launch", "--url", url, "--run", "r", "--nnodes", "1", "--node", "n1",
-         "--rdzv-timeout", str(rdzv_timeout), "--", "/bin/true"],
+        [BINARY, "launch", "--url", url, "--run", run, "--nnodes", "1", "--node", "n1",
+         "--rdzv-timeout", str(rdzv_timeout), "--", *command],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=limit)
@@ -97,3 +100,30 @@ def test_an_agent_presents_its_nodes_secret_on_every_request():
     assert len(fake.bodies) >= 1 and len(secrets) == 1, fake.bodies
     secret = secrets.pop()
     assert isinstance(secret, str) and len(secret) >= 16, secret
+
+
+def test_a_second_agent_under_a_nodes_name_cannot_disturb_its_round(serve_toml):
+    server = serve_toml('name = "r"\n[data]\ntrain_batches = 4\n[schedule]\nepochs = 1\n')
+    first = subprocess.Popen(
+        [BINARY, "launch", "--url", server.url, "--run", "r", "--nnodes", "1", "--node", "n1",
+         "--", "/bin/sleep", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def nodes():
+            with urllib.request.urlopen(server.url + "/v1/runs/r/nodes", timeout=5) as r:
+                return json.loads(r.read())
+        deadline = time.monotonic() + 30
+        while not nodes()["formed"]:
+            assert time.monotonic() < deadline, nodes()
+            time.sleep(0.1)
+        # Another agent under the same name: refused (its secret is not n1's), so it waits, then
+        # gives up; n1's round runs on, untouched.
+        code, out, _ = run_agent(server.url, rdzv_timeout=2, limit=60)
+        assert code == 1, out
+        assert "gave up after --rdzv-timeout 2 s" in out and "another secret" in out, out
+        after = nodes()
+        assert after["round"] == 1 and after["formed"] and after["members"] == ["n1"], after
+        assert after["last_end"] == "", after
+    finally:
+        first.kill()
+        first.wait(timeout=10)
