@@ -176,6 +176,33 @@ std::string disagreement(std::string_view field, std::string_view flag, int64_t 
 
 }  // namespace
 
+std::string Rendezvous::inconsistency() const {
+  if (round_ < 1) return "rendezvous round 0";
+  if (formed_ && (members_.empty() || members_.size() > max_nodes_)) {
+    return "a formed rendezvous round of " + std::to_string(members_.size()) + " members, most " +
+           std::to_string(max_nodes_);
+  }
+  if (!formed_ && (!members_.empty() || !master_addr_.empty())) {
+    return "a rendezvous round not formed, with a layout";
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (n.round > round_ + 1) return "rendezvous node " + n.name + " of a round to come";
+    if (n.nproc < 1 || n.nproc > 1024) return "rendezvous node " + n.name + " without processes";
+    for (size_t k = 0; k < i; ++k) {
+      if (nodes_[k].name == n.name) return "rendezvous node " + n.name + " twice";
+    }
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      if (members_[k].name == members_[i].name) {
+        return "rendezvous member " + members_[i].name + " twice";
+      }
+    }
+  }
+  return "";
+}
+
 Result<NodeAssignment> Rendezvous::join(const NodeJoin& j, TimeMs now) {
   // A refused join changes nothing (the journal keeps only accepted requests): every check
   // comes before the first change.

@@ -121,6 +121,8 @@ class Rendezvous {
   const std::string& master_addr() const { return master_addr_; }
   uint16_t master_port() const { return master_port_; }
   const std::string& last_end() const { return last_end_; }  // why the last round ended
+  // What breaks the rendezvous' invariants (for the snapshot codec's paired checks), or empty.
+  std::string inconsistency() const;
 
  private:
   friend class RunCodec;

@@ -436,5 +436,27 @@ TEST(RendezvousSnapshot, ReadsAFormat5Snapshot) {
   EXPECT_EQ(RunCodec::save(**reloaded), again);
 }
 
+TEST(RendezvousSnapshot, RefusesAnInconsistentRendezvous) {
+  ManualClock clock;
+  traincoord::Run run(small_run(), clock);
+  std::string bytes = RunCodec::save(run);
+  bytes.resize(bytes.size() - 12);  // (the empty rendezvous, as above)
+  bytes[5] = 5;
+  varint(bytes, 0);  // no nodes
+  varint(bytes, 1);  // round 1
+  varint(bytes, 1);  // formed, but
+  varint(bytes, 0);  // without members
+  varint(bytes, 0);  // last_join
+  varint(bytes, 1);  // min
+  varint(bytes, 1);  // max
+  varint(bytes, 0);  // settle
+  varint(bytes, 0);  // timeout
+  text(bytes, "");
+  auto loaded = RunCodec::load(small_run(), bytes, clock);
+  ASSERT_FALSE(loaded);
+  EXPECT_NE(loaded.error().message.find("formed rendezvous round of 0 members"), std::string::npos)
+      << loaded.error().message;
+}
+
 }  // namespace
 }  // namespace traincoord

@@ -576,6 +576,7 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     }
   }
   const Rendezvous& rdzv = run.rendezvous_;
+  TC_ASSERT(rdzv.inconsistency().empty());  // (what load checks)
   w.u64(rdzv.nodes_.size());
   for (const Rendezvous::Node& n : rdzv.nodes_) {
     w.str(n.name);
@@ -783,6 +784,9 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     rdzv.settle_ms_ = r.i64();
     rdzv.node_timeout_ms_ = r.i64();
     rdzv.last_end_ = r.str();
+    if (const std::string broken = rdzv.inconsistency(); r.ok() && !broken.empty()) {
+      return corrupt("inconsistent: " + broken);
+    }
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");
