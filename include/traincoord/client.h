@@ -102,6 +102,11 @@ inline constexpr std::string_view kCutNotFound = "cut_not_found";         // 404
 inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // 409: restore of one
 inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // 409: see restore()
 inline constexpr std::string_view kRunCancelled = "run_cancelled";        // 409: see restore()
+// The rendezvous of launch agents (docs/LAUNCH.md): 409 another agent holds this node's name;
+// 409 the rendezvous holds as many nodes as it takes; 409 --nnodes/--settle/--node-timeout differ.
+inline constexpr std::string_view kNodeSecretMismatch = "node_secret_mismatch";
+inline constexpr std::string_view kRendezvousFull = "rendezvous_full";
+inline constexpr std::string_view kRendezvousSettingsConflict = "rendezvous_settings_conflict";
 inline constexpr std::string_view kCutTimeout = "cut_timeout";   // the client's own: wait_for_cut
 inline constexpr std::string_view kUnreachable = "unreachable";  // the client's own
 inline constexpr std::string_view kTls = "tls";                  // the client's own

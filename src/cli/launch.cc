@@ -4,10 +4,12 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,7 +17,7 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
-#include <algorithm>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -26,13 +28,13 @@
 #include "cli/terminal_text.h"
 #include "config/config_file.h"
 #include "core/engine.h"
+#include "json/json_writer.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/http_server.h"
 #include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
-#include "json/json_writer.h"
 #include "traincoord/client.h"
 
 namespace traincoord::cli {
@@ -187,8 +189,11 @@ tl::expected<Standing, client::ClientError> standing_of(
     return d.HasMember(key) && d[key].IsUint64() ? d[key].GetUint64() : uint64_t{0};
   };
   if (d.HasParseError() || !d.IsObject() || text("state").empty()) {
-    return tl::unexpected(client::ClientError{200, "bad_reply", "a rendezvous reply without its "
-                                              "state: " + *reply, ""});
+    return tl::unexpected(client::ClientError{200, "bad_reply",
+                                              "a rendezvous reply without its "
+                                              "state: " +
+                                                  *reply,
+                                              ""});
   }
   Standing s;
   s.state = text("state");
@@ -227,6 +232,29 @@ bool parse_nnodes(const std::string& text, uint32_t* min, uint32_t* max) {
   }
 }
 
+// The secret this agent joins with: every later request for its node presents it, so no other
+// agent (nor anyone else holding the run's token) can speak for the node (docs/SECURITY.md).
+std::string draw_secret() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      std::random_device device;  // (no getrandom: the C++ library's source of randomness)
+      for (; got < sizeof bytes; ++got) bytes[got] = static_cast<unsigned char>(device());
+    }
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string secret;
+  for (const unsigned char b : bytes) {
+    secret.push_back(kHex[b >> 4]);
+    secret.push_back(kHex[b & 15]);
+  }
+  return secret;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "node";
@@ -240,18 +268,31 @@ int launch(const LaunchArgs& args) {
     return fail("give the worker command after --, e.g. -- python3 train.py");
   uint32_t min_nodes = 1, max_nodes = 1;
   if (!parse_nnodes(args.nnodes, &min_nodes, &max_nodes)) {
-    return fail("--nnodes must be MIN or MIN:MAX with 1 <= MIN <= MAX <= 1024, got " +
-                args.nnodes);
+    return fail("--nnodes must be MIN or MIN:MAX with 1 <= MIN <= MAX <= 1024, got " + args.nnodes);
   }
   const bool remote = !args.url.empty();
   if (!remote && max_nodes > 1) {
-    return fail("--nnodes " + args.nnodes + " needs --url: the agents of several nodes meet at a "
+    return fail("--nnodes " + args.nnodes +
+                " needs --url: the agents of several nodes meet at a "
                 "coordinator they all reach (traincoord serve)");
   }
   if (remote && args.run.empty()) return fail("--url needs --run: the run to train");
+  // (the coordinator's bounds, core/rendezvous.h: said here before anything starts)
+  if (!(args.node_timeout_s >= 1 && args.node_timeout_s <= 600)) {
+    return fail("--node-timeout must be between 1 and 600 seconds, got " +
+                std::to_string(args.node_timeout_s));
+  }
+  if (!(args.settle_s >= 0 && args.settle_s <= 600)) {
+    return fail("--settle must be between 0 and 600 seconds, got " + std::to_string(args.settle_s));
+  }
+  if (args.rdzv_timeout_s < 1) {
+    return fail("--rdzv-timeout must be at least 1 second, got " +
+                std::to_string(args.rdzv_timeout_s));
+  }
   if (!remote && args.config.empty()) {
-    return fail("give --config RUN.toml (a coordinator in this process), or --url and --run (a "
-                "coordinator running elsewhere)");
+    return fail(
+        "give --config RUN.toml (a coordinator in this process), or --url and --run (a "
+        "coordinator running elsewhere)");
   }
 
   sigset_t signals;
@@ -347,13 +388,14 @@ int launch(const LaunchArgs& args) {
   // ---- the agent of this node ----
   const std::string node = !args.node.empty() ? args.node : remote ? host_name() : "node0";
   const std::string rdzv = "/v1/runs/" + run_name + "/nodes/";
+  const std::string secret = draw_secret();
   auto request = [&](const std::string& action, const std::string& body) {
     return client::post(url, rdzv + action, body, std::chrono::seconds(10), token);
   };
   auto join = [&] {
     JsonWriter j;
     j.begin_object();
-    j.field("node", node).field("addr", args.node_addr);
+    j.field("node", node).field("secret", secret).field("addr", args.node_addr);
     j.field("nproc", static_cast<uint64_t>(args.workers));
     j.field("master_port", static_cast<uint64_t>(free_port()));
     j.field("min_nodes", static_cast<uint64_t>(min_nodes));
@@ -365,7 +407,7 @@ int launch(const LaunchArgs& args) {
   };
   auto node_body = [&](std::optional<uint64_t> round = std::nullopt, std::string why = "") {
     JsonWriter j;
-    j.begin_object().field("node", node);
+    j.begin_object().field("node", node).field("secret", secret);
     if (round) j.field("round", *round).field("why", why);
     j.end_object();
     return j.str();
@@ -381,25 +423,26 @@ int launch(const LaunchArgs& args) {
   Standing at;       // the round the ranks run in
   auto env_of = [&](int local) {
     const int rank = static_cast<int>(at.rank_offset) + local;
-    return std::vector<std::string>{"TRAINCOORD_URL=" + url,
-                                    "TRAINCOORD_RUN=" + run_name,
-                                    "TRAINCOORD_WORKER=rank" + std::to_string(rank),
-                                    "TRAINCOORD_GROUP=" + at.group,
-                                    "RANK=" + std::to_string(rank),
-                                    "LOCAL_RANK=" + std::to_string(local),
-                                    "WORLD_SIZE=" + std::to_string(at.world_size),
-                                    "LOCAL_WORLD_SIZE=" + std::to_string(args.workers),
-                                    "GROUP_RANK=" + std::to_string(at.node_rank),
-                                    "GROUP_WORLD_SIZE=" + std::to_string(at.nnodes),
-                                    "ROLE_RANK=" + std::to_string(rank),
-                                    "ROLE_WORLD_SIZE=" + std::to_string(at.world_size),
-                                    "ROLE_NAME=default",
-                                    "MASTER_ADDR=" + at.master_addr,
-                                    "MASTER_PORT=" + std::to_string(at.master_port),
-                                    "TORCHELASTIC_RUN_ID=" + run_name,
-                                    "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restarts),
-                                    "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(args.max_restarts),
-                                    "TRAINCOORD_TOKEN_FILE=" + token_file};
+    return std::vector<std::string>{
+        "TRAINCOORD_URL=" + url,
+        "TRAINCOORD_RUN=" + run_name,
+        "TRAINCOORD_WORKER=rank" + std::to_string(rank),
+        "TRAINCOORD_GROUP=" + at.group,
+        "RANK=" + std::to_string(rank),
+        "LOCAL_RANK=" + std::to_string(local),
+        "WORLD_SIZE=" + std::to_string(at.world_size),
+        "LOCAL_WORLD_SIZE=" + std::to_string(args.workers),
+        "GROUP_RANK=" + std::to_string(at.node_rank),
+        "GROUP_WORLD_SIZE=" + std::to_string(at.nnodes),
+        "ROLE_RANK=" + std::to_string(rank),
+        "ROLE_WORLD_SIZE=" + std::to_string(at.world_size),
+        "ROLE_NAME=default",
+        "MASTER_ADDR=" + at.master_addr,
+        "MASTER_PORT=" + std::to_string(at.master_port),
+        "TORCHELASTIC_RUN_ID=" + run_name,
+        "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restarts),
+        "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(args.max_restarts),
+        "TRAINCOORD_TOKEN_FILE=" + token_file};
   };
   auto start_group = [&] {
     for (int r = 0; r < args.workers; ++r) {
@@ -522,34 +565,62 @@ int launch(const LaunchArgs& args) {
       }
     }
   };
-  const long poll_ms = std::clamp<long>(static_cast<long>(args.node_timeout_s * 1000 / 5), 100, 2000);
+  const long poll_ms =
+      std::clamp<long>(static_cast<long>(args.node_timeout_s * 1000 / 5), 100, 2000);
+
+  // Trouble on the way to a round: the coordinator unreachable (restarting, a network blip), a
+  // refusal that may pass (this node's name still held by its lost agent; the rendezvous full),
+  // or `restart` answered to a join. Each retry waits longer (100 ms doubling to 2 s: a few
+  // requests a second at most, whatever the coordinator answers); after --rdzv-timeout seconds
+  // of it the agent gives up, saying what it waited for.
+  std::optional<std::chrono::steady_clock::time_point> trouble_since;
+  long backoff_ms = 0;
+  auto in_trouble = [&](const std::string& waited_for) {  // true: give up
+    const auto now = std::chrono::steady_clock::now();
+    if (!trouble_since) trouble_since = now;
+    if (now - *trouble_since >= std::chrono::seconds(args.rdzv_timeout_s)) {
+      gave_up = true;
+      gave_up_why = "gave up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
+                    " s waiting for " + waited_for;
+      return true;
+    }
+    backoff_ms = backoff_ms == 0 ? 100 : std::min<long>(backoff_ms * 2, 2000);
+    wait_a_little(backoff_ms);
+    return false;
+  };
 
   // Join, wait for the round to form, run the ranks; on a failure, stop them and join again.
   tl::expected<Standing, client::ClientError> standing = join();
-  std::optional<std::chrono::steady_clock::time_point> unreachable_since;
   for (;;) {
     if (interrupted) break;
     if (!standing) {
-      // The coordinator restarting (or a network blip): keep asking for a while.
-      const auto now = std::chrono::steady_clock::now();
-      const bool transient = standing.error().code == "unreachable" ||
-                             standing.error().http_status == 503 ||
-                             standing.error().code == "not_found";
-      if (!unreachable_since) unreachable_since = now;
-      if (!transient || now - *unreachable_since > std::chrono::seconds(args.rdzv_timeout_s)) {
+      const client::ClientError& e = standing.error();
+      const bool transient =
+          e.code == client::codes::kUnreachable || e.http_status == 503 || e.code == "not_found" ||
+          e.code == client::codes::kNodeSecretMismatch || e.code == client::codes::kRendezvousFull;
+      if (!transient) {
         gave_up = true;
-        gave_up_why = "the rendezvous at " + url + " failed: " + standing.error().message;
+        gave_up_why = "the rendezvous at " + url + " refused node " + node + ": " + e.message;
         break;
       }
-      wait_a_little(500);
+      if (in_trouble("the rendezvous at " + url + " to take node " + node + ": " + e.message)) {
+        break;
+      }
       standing = join();
       continue;
     }
-    unreachable_since.reset();
     if (standing->state == "restart") {
+      // (once after a round ended before this node polled; every time: a coordinator astray)
+      const std::string why = standing->why.empty() ? "" : " (" + standing->why + ")";
+      if (in_trouble("a round: the coordinator at " + url +
+                     " answered `restart` to every join of node " + node + why)) {
+        break;
+      }
       standing = join();
       continue;
     }
+    trouble_since.reset();
+    backoff_ms = 0;
     if (standing->state != "running") {
       if (standing->run_state != "running" && !standing->run_state.empty()) {
         // The run ended while this node waited for a group: nothing left to train.
@@ -588,8 +659,9 @@ int launch(const LaunchArgs& args) {
           standing = polled;
           say("\ntraincoord launch: the group stops: " +
               (polled->why.empty() ? std::string("the round ended") : polled->why) + "\n");
-        } else if (!polled && polled.error().code == "not_found") {
-          round_ended = true;  // this node was taken for lost: join again
+        } else if (!polled && (polled.error().code == "not_found" ||
+                               polled.error().code == client::codes::kNodeSecretMismatch)) {
+          round_ended = true;  // this node was taken for lost (its name taken since): join again
           standing = polled;
         }
       }

@@ -209,16 +209,19 @@ int main(int argc, char** argv) {
                   "the address other nodes reach this one at (MASTER_ADDR when it is node rank 0)")
       ->capture_default_str();
   lch->add_option("--settle", launch_args.settle_s,
-                  "seconds later nodes are awaited once MIN joined (MIN < MAX)")
-      ->check(CLI::Range(0.0, 3600.0))
+                  "seconds later nodes are awaited once MIN joined (MIN < MAX); the same on "
+                  "every node")
+      ->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();
   lch->add_option("--node-timeout", launch_args.node_timeout_s,
-                  "seconds without a heartbeat after which a node's agent is lost")
-      ->check(CLI::Range(0.1, 3600.0))
+                  "seconds without a heartbeat after which a node's agent is lost; the same on "
+                  "every node")
+      ->check(CLI::Range(1.0, 600.0))
       ->capture_default_str();
   lch->add_option("--rdzv-timeout", launch_args.rdzv_timeout_s,
-                  "seconds the coordinator may stay unreachable (restarting) before the agent "
-                  "gives up")
+                  "seconds the agent waits for the rendezvous to take it (the coordinator "
+                  "unreachable or restarting, its name still held, `restart` to every join) "
+                  "before it gives up")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   lch->add_option("--max-restarts", launch_args.max_restarts,

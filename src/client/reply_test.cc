@@ -155,6 +155,9 @@ TEST(Reply, TheClientsCodesAreTheCoordinators) {
   EXPECT_EQ(codes::kCutMismatch, error_reason::kCutMismatch);
   EXPECT_EQ(codes::kCutNotFound, error_reason::kCutNotFound);
   EXPECT_EQ(codes::kCutIncomplete, error_reason::kCutIncomplete);
+  EXPECT_EQ(codes::kNodeSecretMismatch, error_reason::kNodeSecretMismatch);
+  EXPECT_EQ(codes::kRendezvousFull, error_reason::kRendezvousFull);
+  EXPECT_EQ(codes::kRendezvousSettingsConflict, error_reason::kRendezvousSettingsConflict);
   EXPECT_EQ(codes::kRestoreConflict, error_reason::kRestoreConflict);
   EXPECT_EQ(codes::kRunCancelled, error_reason::kRunCancelled);
 }

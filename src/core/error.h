@@ -38,6 +38,11 @@ inline constexpr std::string_view kCutNotFound = "cut_not_found";         // kNo
 inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // kFailedPrecondition
 inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // kConflict
 inline constexpr std::string_view kRunCancelled = "run_cancelled";        // kFailedPrecondition
+// The rendezvous of launch agents (docs/LAUNCH.md).
+inline constexpr std::string_view kNodeSecretMismatch = "node_secret_mismatch";  // kConflict
+inline constexpr std::string_view kRendezvousFull = "rendezvous_full";           // kConflict
+inline constexpr std::string_view kRendezvousSettingsConflict =
+    "rendezvous_settings_conflict";  // kConflict
 }  // namespace error_reason
 
 struct Error {

@@ -13,8 +13,10 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // no longer sums (same layout; a format 2 snapshot is read and its sums turned into means).
 // 4: checkpoint cuts: each epoch's partly trained jobs, the groups, the cuts (each with the
 // saved progress, in the layout of the run's own), four counters. 5: the rendezvous of the
-// launch agents.
-constexpr uint32_t kFormat = 5;
+// launch agents. 6: the rendezvous keeps each node's secret hash, and the running round's layout
+// (each member's processes, the master's address and port) as it formed (format 5 is read: its
+// layout taken from the nodes present, and its nodes without a secret).
+constexpr uint32_t kFormat = 6;
 constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
@@ -574,6 +576,7 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     }
   }
   const Rendezvous& rdzv = run.rendezvous_;
+  TC_ASSERT(rdzv.inconsistency().empty());  // (what load checks)
   w.u64(rdzv.nodes_.size());
   for (const Rendezvous::Node& n : rdzv.nodes_) {
     w.str(n.name);
@@ -582,11 +585,19 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     w.u64(n.master_port);
     w.u64(n.round);
     w.i64(n.last_seen);
+    w.boolean(n.has_secret);
+    w.u64(n.secret.low);
+    w.u64(n.secret.high);
   }
   w.u64(rdzv.round_);
   w.boolean(rdzv.formed_);
   w.u64(rdzv.members_.size());
-  for (const std::string& m : rdzv.members_) w.str(m);
+  for (const Rendezvous::Member& m : rdzv.members_) {
+    w.str(m.name);
+    w.u64(m.nproc);
+  }
+  w.str(rdzv.master_addr_);
+  w.u64(rdzv.master_port_);
   w.i64(rdzv.last_join_);
   w.u64(rdzv.min_nodes_);
   w.u64(rdzv.max_nodes_);
@@ -736,17 +747,46 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
       node.master_port = static_cast<uint16_t>(r.u64());
       node.round = r.u64();
       node.last_seen = r.i64();
+      if (format >= 6) {
+        node.has_secret = r.boolean();
+        node.secret.low = r.u64();
+        node.secret.high = r.u64();
+      }
       rdzv.nodes_.push_back(std::move(node));
     }
     rdzv.round_ = r.u64();
     rdzv.formed_ = r.boolean();
-    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) rdzv.members_.push_back(r.str());
+    for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
+      Rendezvous::Member m;
+      m.name = r.str();
+      if (format >= 6) m.nproc = static_cast<uint32_t>(r.u64());
+      rdzv.members_.push_back(std::move(m));
+    }
+    if (format >= 6) {
+      rdzv.master_addr_ = r.str();
+      rdzv.master_port_ = static_cast<uint16_t>(r.u64());
+    } else {
+      // Format 5 kept no layout: the one the nodes present give (a member that left counts 0,
+      // as format 5's own reading did).
+      for (Rendezvous::Member& m : rdzv.members_) {
+        if (const Rendezvous::Node* node = rdzv.find(m.name)) m.nproc = node->nproc;
+      }
+      if (!rdzv.members_.empty()) {
+        if (const Rendezvous::Node* first = rdzv.find(rdzv.members_.front().name)) {
+          rdzv.master_addr_ = first->addr;
+          rdzv.master_port_ = first->master_port;
+        }
+      }
+    }
     rdzv.last_join_ = r.i64();
     rdzv.min_nodes_ = static_cast<uint32_t>(r.u64());
     rdzv.max_nodes_ = static_cast<uint32_t>(r.u64());
     rdzv.settle_ms_ = r.i64();
     rdzv.node_timeout_ms_ = r.i64();
     rdzv.last_end_ = r.str();
+    if (const std::string broken = rdzv.inconsistency(); r.ok() && !broken.empty()) {
+      return corrupt("inconsistent: " + broken);
+    }
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");

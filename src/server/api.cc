@@ -1617,9 +1617,20 @@ void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now) {
   j.field("formed", rdzv.formed());
   j.field("min_nodes", static_cast<uint64_t>(rdzv.min_nodes()));
   j.field("max_nodes", static_cast<uint64_t>(rdzv.max_nodes()));
+  j.field("settle_ms", rdzv.settle_ms());
+  j.field("node_timeout_ms", rdzv.node_timeout_ms());
+  // The running round's layout, as it formed (a member that left stays in it).
   j.key("members").begin_array();
-  for (const std::string& m : rdzv.members()) j.value(m);
+  for (const Rendezvous::Member& m : rdzv.members()) j.value(m.name);
   j.end_array();
+  if (rdzv.formed()) {
+    uint64_t world_size = 0;
+    for (const Rendezvous::Member& m : rdzv.members()) world_size += m.nproc;
+    j.field("world_size", world_size);
+    j.field("master_addr", rdzv.master_addr());
+    j.field("master_port", static_cast<uint64_t>(rdzv.master_port()));
+  }
+  // (never a node's secret, nor its hash)
   j.key("nodes").begin_array();
   for (const Rendezvous::Node& n : rdzv.nodes()) {
     j.begin_object();
@@ -1634,18 +1645,23 @@ void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now) {
 
 }  // namespace
 
+// Every request for a node carries the secret its agent joined with (core/rendezvous.h).
 Api::Request::Reply Api::Request::node_join(Request& r) {
   NodeJoin join;
   TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
-  TC_TRY_ASSIGN(addr, r.body->string("addr", std::string("127.0.0.1"), 256));
+  TC_TRY_ASSIGN(secret, r.body->string("secret", std::nullopt, kMaxNodeSecretBytes));
+  TC_TRY_ASSIGN(addr, r.body->string("addr", std::string("127.0.0.1"), 253));
   TC_TRY_ASSIGN(nproc, r.body->uint("nproc", uint64_t{1}, 1024));
   TC_TRY_ASSIGN(master_port, r.body->uint("master_port", uint64_t{0}, 65535));
-  TC_TRY_ASSIGN(min_nodes, r.body->uint("min_nodes", uint64_t{1}, 1024));
-  TC_TRY_ASSIGN(max_nodes, r.body->uint("max_nodes", uint64_t{1}, 1024));
-  TC_TRY_ASSIGN(settle_ms, r.body->uint("settle_ms", uint64_t{0}, 3'600'000));
-  TC_TRY_ASSIGN(timeout_ms, r.body->uint("node_timeout_ms", uint64_t{15'000}, 3'600'000));
+  TC_TRY_ASSIGN(min_nodes, r.body->uint("min_nodes", uint64_t{1}, kMaxRendezvousNodes));
+  TC_TRY_ASSIGN(max_nodes, r.body->uint("max_nodes", uint64_t{1}, kMaxRendezvousNodes));
+  TC_TRY_ASSIGN(settle_ms,
+                r.body->uint("settle_ms", uint64_t{0}, static_cast<uint64_t>(kMaxSettleMs)));
+  TC_TRY_ASSIGN(timeout_ms, r.body->uint("node_timeout_ms", uint64_t{15'000},
+                                         static_cast<uint64_t>(kMaxNodeTimeoutMs)));
   TC_TRY_REPLY(r.body->no_unknown_fields());
   join.node = node;
+  join.secret = secret;
   join.addr = addr;
   join.nproc = static_cast<uint32_t>(nproc);
   join.master_port = static_cast<uint16_t>(master_port);
@@ -1659,25 +1675,28 @@ Api::Request::Reply Api::Request::node_join(Request& r) {
 
 Api::Request::Reply Api::Request::node_poll(Request& r) {
   TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_ASSIGN(secret, r.body->string("secret", std::nullopt, kMaxNodeSecretBytes));
   TC_TRY_REPLY(r.body->no_unknown_fields());
-  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, r.now));
+  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, secret, r.now));
   return assignment_reply(*r.run, assignment);
 }
 
 Api::Request::Reply Api::Request::node_fail(Request& r) {
   TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_ASSIGN(secret, r.body->string("secret", std::nullopt, kMaxNodeSecretBytes));
   TC_TRY_ASSIGN(round, r.body->uint("round"));
   TC_TRY_ASSIGN(why, r.body->string("why", std::string("a rank failed"), 512, TextKind::kMessage));
   TC_TRY_REPLY(r.body->no_unknown_fields());
-  TC_TRY_REPLY(r.run->rendezvous().fail(node, round, why, r.now));
-  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, r.now));
+  TC_TRY_REPLY(r.run->rendezvous().fail(node, secret, round, why, r.now));
+  TC_TRY_ASSIGN(assignment, r.run->rendezvous().poll(node, secret, r.now));
   return assignment_reply(*r.run, assignment);
 }
 
 Api::Request::Reply Api::Request::node_leave(Request& r) {
   TC_TRY_ASSIGN(node, r.body->string("node", std::nullopt, 128));
+  TC_TRY_ASSIGN(secret, r.body->string("secret", std::nullopt, kMaxNodeSecretBytes));
   TC_TRY_REPLY(r.body->no_unknown_fields());
-  TC_TRY_REPLY(r.run->rendezvous().leave(node, r.now));
+  TC_TRY_REPLY(r.run->rendezvous().leave(node, secret, r.now));
   JsonWriter j;
   j.begin_object().field("left", true).end_object();
   return ok(j);
