@@ -102,6 +102,8 @@ inline constexpr std::string_view kCutNotFound = "cut_not_found";         // 404
 inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // 409: restore of one
 inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // 409: see restore()
 inline constexpr std::string_view kRunCancelled = "run_cancelled";        // 409: see restore()
+// 409: a request names another group than the one its worker registered with.
+inline constexpr std::string_view kGroupMismatch = "group_mismatch";
 inline constexpr std::string_view kCutTimeout = "cut_timeout";   // the client's own: wait_for_cut
 inline constexpr std::string_view kUnreachable = "unreachable";  // the client's own
 inline constexpr std::string_view kTls = "tls";                  // the client's own

@@ -156,6 +156,7 @@ TEST(Reply, TheClientsCodesAreTheCoordinators) {
   EXPECT_EQ(codes::kCutNotFound, error_reason::kCutNotFound);
   EXPECT_EQ(codes::kCutIncomplete, error_reason::kCutIncomplete);
   EXPECT_EQ(codes::kRestoreConflict, error_reason::kRestoreConflict);
+  EXPECT_EQ(codes::kGroupMismatch, error_reason::kGroupMismatch);
   EXPECT_EQ(codes::kRunCancelled, error_reason::kRunCancelled);
 }
 

@@ -38,6 +38,7 @@ inline constexpr std::string_view kCutNotFound = "cut_not_found";         // kNo
 inline constexpr std::string_view kCutIncomplete = "cut_incomplete";      // kFailedPrecondition
 inline constexpr std::string_view kRestoreConflict = "restore_conflict";  // kConflict
 inline constexpr std::string_view kRunCancelled = "run_cancelled";        // kFailedPrecondition
+inline constexpr std::string_view kGroupMismatch = "group_mismatch";      // kConflict
 }  // namespace error_reason
 
 struct Error {

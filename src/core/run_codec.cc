@@ -13,8 +13,8 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // no longer sums (same layout; a format 2 snapshot is read and its sums turned into means).
 // 4: checkpoint cuts: each epoch's partly trained jobs, the groups, the cuts (each with the
 // saved progress, in the layout of the run's own), four counters. 5: the rendezvous of the
-// launch agents.
-constexpr uint32_t kFormat = 5;
+// launch agents. 6: the group each worker registered with (which fences its requests).
+constexpr uint32_t kFormat = 6;
 constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
@@ -593,6 +593,8 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   w.i64(rdzv.settle_ms_);
   w.i64(rdzv.node_timeout_ms_);
   w.str(rdzv.last_end_);
+  // (6) Each worker's group, in the workers' order.
+  for (const WorkerInfo& wi : run.workers_) w.str(wi.group);
   return w.take();
 }
 
@@ -747,6 +749,11 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     rdzv.settle_ms_ = r.i64();
     rdzv.node_timeout_ms_ = r.i64();
     rdzv.last_end_ = r.str();
+  }
+  if (format >= 6) {
+    // Before 6 no worker's group was kept: each reads as ungrouped, judged by the group its
+    // requests name, as it then was.
+    for (WorkerInfo& wi : run->workers_) wi.group = r.str();
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");

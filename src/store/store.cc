@@ -765,8 +765,16 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
   if (batch.empty()) return {};
   auto rollback = [&](Error e) -> Result<void> {
     // SQLITE_FULL: a write found no space (ENOSPC); nothing of the batch is kept, and it may
-    // be written again later. Anything else (an fsync error above all) is not retried.
-    last_write_full_ = sqlite3_errcode(db_.raw()) == SQLITE_FULL;
+    // be written again later. So with EFBIG: the file reached the process's size limit
+    // (RLIMIT_FSIZE, ulimit -f; SIGXFSZ is ignored by serve), which SQLite reports as an I/O
+    // error. Anything else (an fsync error above all) is not retried.
+    const int code = sqlite3_errcode(db_.raw());
+    const bool too_big = (code & 0xff) == SQLITE_IOERR && sqlite3_system_errno(db_.raw()) == EFBIG;
+    last_write_full_ = code == SQLITE_FULL || too_big;
+    if (too_big) {
+      e.message += " (a file of the journal reached the size limit of this process, "
+                   "RLIMIT_FSIZE: ulimit -f; raise it)";
+    }
     (void)db_.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));
   };
