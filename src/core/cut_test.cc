@@ -337,7 +337,8 @@ TEST_F(CutTest, AWorkerIsFencedByTheGroupItRegisteredWithWhateverItsRequestsName
   // The new group's worker: its own group or none; another group is a mismatch.
   EXPECT_TRUE(run.admit(fresh, ""));
   EXPECT_TRUE(run.admit(fresh, "g2"));
-  EXPECT_EQ(reason_of(run.admit(fresh, "g1")), error_reason::kGroupMismatch);
+  EXPECT_EQ(reason_of(run.admit(fresh, "g3")), error_reason::kGroupMismatch);
+  EXPECT_EQ(reason_of(run.admit(fresh, "g1")), error_reason::kStaleGeneration);
   // An ungrouped worker is judged by what its request names, as before.
   EXPECT_TRUE(run.admit(solo, ""));
   EXPECT_TRUE(run.admit(solo, "g2"));

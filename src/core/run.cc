@@ -814,6 +814,8 @@ Result<void> Run::admit(WorkerId worker, std::string_view group) const {
   // however it words its requests (naming no group, or the group that replaced its own).
   if (auto ok = admit(registered); !ok) return ok;
   if (!group.empty() && group != registered) {
+    // (A process of a replaced group whose name a rank of the new group registered since.)
+    if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
     return conflict("worker " + workers_[worker].name + " registered with group " + registered +
                         " of run " + config_.name + ", but this request names group " +
                         std::string(group) +

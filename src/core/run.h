@@ -351,7 +351,8 @@ class Run {
   // Whether a request of `worker` that names `group` (empty: names none) is served. A worker
   // that registered with a group is judged by that group, whatever the request names: one of
   // a replaced group is refused stale_generation even when it names no group or the current
-  // one, and a request naming another group than its worker's is refused group_mismatch. A
+  // one, and a request naming another group than its worker's is refused group_mismatch
+  // (stale_generation when the group it names was replaced). A
   // worker that registered without a group is judged by the group the request names (as
   // admit(group)). REQUIRES: `worker` has joined.
   Result<void> admit(WorkerId worker, std::string_view group) const;

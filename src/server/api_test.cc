@@ -8,6 +8,8 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/utf8.h"
 
@@ -738,7 +740,7 @@ TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsNam
   json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
   // Worker 0 (of g1) naming no group, or naming g2: refused, nothing counted, no cut share.
   for (const char* group : {"", R"(, "group": "g2")"}) {
-    for (const std::string& [action, fields] :
+    for (const auto& [action, fields] :
          std::vector<std::pair<std::string, std::string>>{
              {"acquire", ""},
              {"heartbeat", ""},
@@ -758,10 +760,12 @@ TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsNam
   EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
   EXPECT_EQ(status["counters"]["handouts"].GetUint64(), 1u);
   EXPECT_EQ(json("GET", "/v1/runs/r/cuts")["cuts"].Size(), 1u);
-  // Worker 2 (of g2) naming g1: a request naming another group than its worker's.
-  const HttpReply mismatch = reply("POST", "/v1/runs/r/acquire", R"({"worker": 2, "group": "g1"})");
+  // Worker 2 (of g2) naming another group than its own: a mismatch (stale, for a past group).
+  const HttpReply mismatch = reply("POST", "/v1/runs/r/acquire", R"({"worker": 2, "group": "g9"})");
   EXPECT_EQ(mismatch.status, 409) << mismatch.body;
   EXPECT_EQ(code_of(mismatch), "group_mismatch");
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/acquire", R"({"worker": 2, "group": "g1"})")),
+            "stale_generation");
   EXPECT_STREQ(json("POST", "/v1/runs/r/acquire", R"({"worker": 2})")["status"].GetString(), "job");
   // The ungrouped worker is judged by the group its request names.
   EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/heartbeat", R"({"worker": 1, "group": "g1"})")),
