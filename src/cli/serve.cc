@@ -95,7 +95,6 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   return 0;
 }
 
-
 // The process's limits, for a server: a write past the file size limit (RLIMIT_FSIZE) fails
 // with EFBIG, which the journal takes as a full disk (503 disk_full, said on stderr), instead
 // of killing the process with SIGXFSZ and no word; the soft limit on descriptors (one per
@@ -114,8 +113,8 @@ static void prepare_limits(size_t max_connections) {
   if (nofile.rlim_cur != RLIM_INFINITY && max_connections + kOwnDescriptors > nofile.rlim_cur) {
     std::cerr << "traincoord: --max-connections " << max_connections
               << " exceeds what the file descriptor limit allows (" << nofile.rlim_cur
-              << ", ulimit -n; the hard limit is " << nofile.rlim_max
-              << "): past about " << (nofile.rlim_cur > kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : 0)
+              << ", ulimit -n; the hard limit is " << nofile.rlim_max << "): past about "
+              << (nofile.rlim_cur > kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : 0)
               << " open connections, new ones wait until some close; raise the hard limit "
                  "(ulimit -Hn, systemd's LimitNOFILE=) or lower --max-connections\n";
   }

@@ -362,7 +362,7 @@ TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersU
   EXPECT_EQ(reason_of((*loaded)->admit(w, "")), error_reason::kStaleGeneration);
   // The same snapshot as format 5 wrote it: no worker groups at its end.
   std::string v5 = bytes.substr(0, bytes.size() - 3);  // one group: length 2, then "g1"
-  ASSERT_EQ(static_cast<uint8_t>(v5[5]), 6u);  // (after the 5-byte magic)
+  ASSERT_EQ(static_cast<uint8_t>(v5[5]), 6u);          // (after the 5-byte magic)
   v5[5] = 5;
   auto old = RunCodec::load(two_jobs(), v5, clock_);
   ASSERT_TRUE(old) << old.error().message;

@@ -263,10 +263,10 @@ struct CutShareReply {
 };
 
 struct Restored {
-  bool restored = false;         // false: this group had restored the same target already
-  std::optional<uint64_t> cut;   // nullopt: a fresh start from the ledger as it is
+  bool restored = false;        // false: this group had restored the same target already
+  std::optional<uint64_t> cut;  // nullopt: a fresh start from the ledger as it is
   uint64_t generation = 0;
-  uint64_t withdrawn_jobs = 0;   // completed jobs reopened
+  uint64_t withdrawn_jobs = 0;  // completed jobs reopened
   uint64_t leases_voided = 0;
 };
 
@@ -463,11 +463,11 @@ class Run {
   uint64_t event_seq_ = 0;
   std::deque<RecentCompletion> recent_;
 
-  std::string group_;                   // the current group ("": none yet)
-  uint64_t generation_ = 0;             // + 1 for every group that took the run over
+  std::string group_;                    // the current group ("": none yet)
+  uint64_t generation_ = 0;              // + 1 for every group that took the run over
   std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
-  std::string restored_;                // what group_ restored: "cut N", "fresh", or ""
-  std::deque<Cut> cuts_;                // oldest first: complete ones, and pending of group_
+  std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
+  std::deque<Cut> cuts_;                 // oldest first: complete ones, and pending of group_
   uint64_t last_cut_ = 0;
   Rendezvous rendezvous_;
 

@@ -651,9 +651,9 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(refused.status, 409);
   EXPECT_EQ(code_of(refused), "restore_required");
   EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2"})").status, 400);
-  EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})")
-                .status,
-            400);
+  EXPECT_EQ(
+      reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})").status,
+      400);
   EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 5})")),
             "cut_not_found");
   auto restored = json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
@@ -661,8 +661,8 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(restored["generation"].GetUint64(), 2u);
   EXPECT_EQ(restored["withdrawn_jobs"].GetUint64(), 1u);
   EXPECT_EQ(restored["leases_voided"].GetUint64(), 1u);
-  EXPECT_FALSE(json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"]
-                   .GetBool());
+  EXPECT_FALSE(
+      json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"].GetBool());
   // The old group is refused everywhere, and nothing it sends is counted.
   for (const char* action : {"acquire", "heartbeat", "complete", "release", "leave", "cuts"}) {
     const std::string body =
@@ -697,11 +697,11 @@ TEST_F(ApiTest, ARestoreAnswersTheOldGroupsParkedAcquiresStaleAndLeasesThemNothi
   for (int i = 0; i < 4; ++i) json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1"})");
   json("POST", "/v1/runs/r/cuts", R"({"worker": 0, "group": "g1", "seq": 1})");
   // Nothing open: an acquire, and a complete + next (naming no group), wait.
-  auto acquire =
-      api_.handle({"POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1", "wait_ms": 5000})",
-                   {}});
+  auto acquire = api_.handle(
+      {"POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1", "wait_ms": 5000})", {}});
   ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(acquire));
-  auto complete = api_.handle({"POST", "/v1/runs/r/complete",
+  auto complete = api_.handle({"POST",
+                               "/v1/runs/r/complete",
                                R"({"worker": 0, "lease": 1, "loss": 1, "next": true,
                                    "wait_ms": 5000})",
                                {}});
@@ -740,8 +740,7 @@ TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsNam
   json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
   // Worker 0 (of g1) naming no group, or naming g2: refused, nothing counted, no cut share.
   for (const char* group : {"", R"(, "group": "g2")"}) {
-    for (const auto& [action, fields] :
-         std::vector<std::pair<std::string, std::string>>{
+    for (const auto& [action, fields] : std::vector<std::pair<std::string, std::string>>{
              {"acquire", ""},
              {"heartbeat", ""},
              {"complete", R"(, "lease": 1, "loss": 1, "samples": 1)"},

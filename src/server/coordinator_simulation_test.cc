@@ -421,7 +421,8 @@ class GroupChange {
   }
 
   void run() {
-    call_admin(HttpRequest{"POST", "/v1/runs",
+    call_admin(HttpRequest{"POST",
+                           "/v1/runs",
                            R"({"name": "s", "data": {"train_batches": 12, "dev_batches": 2}, )"
                            R"("schedule": {"epochs": 2}, "leases": {"timeout": 10.0}, )"
                            R"("early_stop": {"rule": "none"}})",
@@ -472,8 +473,8 @@ class GroupChange {
     // The new group.
     register_worker("new0", "new");
     if (with_cut) {
-      const std::string body = pick(2) == 0 ? R"({"group": "new", "cut": 1})"
-                                            : R"({"group": "new", "fresh": true})";
+      const std::string body =
+          pick(2) == 0 ? R"({"group": "new", "cut": 1})" : R"({"group": "new", "fresh": true})";
       call_admin(HttpRequest{"POST", "/v1/runs/s/restore", body, {}});
     }
     for (size_t w : waiting) {
@@ -568,8 +569,8 @@ class GroupChange {
 };
 
 TEST(CoordinatorSimulation, ARestoreAnswersTheOldGroupsLongPollsStaleAndLeasesThemNothing) {
-  const std::vector<uint64_t> seeds = testing::seeds_from_env(
-      "TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
+  const std::vector<uint64_t> seeds =
+      testing::seeds_from_env("TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed) +
                  " (replay: TRAINCOORD_SERVER_SIM_SEED=" + std::to_string(seed) +

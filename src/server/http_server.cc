@@ -749,12 +749,12 @@ void HttpServer::Impl::do_accept() {
       return;
     }
     if (!ec && accept_paused_since_) {
-      std::fprintf(stderr,
-                   "traincoord: accepting connections again (paused %.1f s for want of file "
-                   "descriptors)\n",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                 *accept_paused_since_)
-                       .count());
+      std::fprintf(
+          stderr,
+          "traincoord: accepting connections again (paused %.1f s for want of file "
+          "descriptors)\n",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *accept_paused_since_)
+              .count());
       accept_paused_since_.reset();
     }
     if (!ec) {

@@ -772,8 +772,9 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
     const bool too_big = (code & 0xff) == SQLITE_IOERR && sqlite3_system_errno(db_.raw()) == EFBIG;
     last_write_full_ = code == SQLITE_FULL || too_big;
     if (too_big) {
-      e.message += " (a file of the journal reached the size limit of this process, "
-                   "RLIMIT_FSIZE: ulimit -f; raise it)";
+      e.message +=
+          " (a file of the journal reached the size limit of this process, "
+          "RLIMIT_FSIZE: ulimit -f; raise it)";
     }
     (void)db_.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));

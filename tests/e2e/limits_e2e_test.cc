@@ -90,10 +90,9 @@ int connect_idle(uint16_t port) {
 TEST(LimitsE2E, AJournalAtTheFileSizeLimitIsAFullDiskNotADeath) {
   TempDir dir;
   const std::string log = dir.path() + "/stderr";
-  auto server = ServerProcess::start(
-      {"--config", dir.write("d.toml", kRun), "--data-dir", dir.path() + "/data", "--durability",
-       "os"},
-      0, TRAINCOORD_BIN, limited("--fsize=1500000", log));
+  auto server = ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir",
+                                      dir.path() + "/data", "--durability", "os"},
+                                     0, TRAINCOORD_BIN, limited("--fsize=1500000", log));
   ASSERT_NE(server, nullptr) << read_file(log);
   const uint16_t port = server->port();
   // Every registration is a commit (a page or more of the write-ahead log): the journal's
@@ -104,8 +103,9 @@ TEST(LimitsE2E, AJournalAtTheFileSizeLimitIsAFullDiskNotADeath) {
   for (int i = 0; i < 5000 && code != 503; ++i) {
     code = request(port, "POST", "/v1/runs/d/workers",
                    R"({"name": ")" + name + std::to_string(i) + R"("})", &reply);
-    ASSERT_NE(code, 0) << "no reply after " << i << " registrations; alive: "
-                       << alive(server->pid()) << "; it said: " << read_file(log);
+    ASSERT_NE(code, 0) << "no reply after " << i
+                       << " registrations; alive: " << alive(server->pid())
+                       << "; it said: " << read_file(log);
   }
   ASSERT_EQ(code, 503) << reply;
   EXPECT_NE(reply.find("\"disk_full\""), std::string::npos) << reply;
@@ -128,8 +128,7 @@ TEST(LimitsE2E, OutOfDescriptorsAcceptingPausesAndTheServerStillAnswers) {
       TRAINCOORD_BIN, limited("--nofile=64", log));
   ASSERT_NE(server, nullptr) << read_file(log);
   const uint16_t port = server->port();
-  EXPECT_NE(read_file(log).find("exceeds what the file descriptor limit allows"),
-            std::string::npos)
+  EXPECT_NE(read_file(log).find("exceeds what the file descriptor limit allows"), std::string::npos)
       << read_file(log);
   std::vector<int> idle;
   for (int i = 0; i < 120; ++i) {
@@ -159,7 +158,8 @@ TEST(LimitsE2E, OutOfDescriptorsAcceptingPausesAndTheServerStillAnswers) {
     idle.pop_back();
   }
   int code = 0;
-  for (int i = 0; i < 20 && code != 200; ++i) code = request(port, "GET", "/healthz", "", nullptr, 1000);
+  for (int i = 0; i < 20 && code != 200; ++i)
+    code = request(port, "GET", "/healthz", "", nullptr, 1000);
   EXPECT_EQ(code, 200);
   for (int fd : idle) close(fd);
   // Said when it accepts again.
