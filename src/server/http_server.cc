@@ -3,6 +3,7 @@
 #include "server/http_server.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -203,6 +204,17 @@ class HttpServer::Impl {
   }
 
   void do_accept();
+  // With a file size limit (RLIMIT_FSIZE), says that the journal's room counts it too: the
+  // disk may have room while the journal's files can grow no more.
+  static void say_file_size_limit() {
+    rlimit fsize{};
+    if (getrlimit(RLIMIT_FSIZE, &fsize) != 0 || fsize.rlim_cur == RLIM_INFINITY) return;
+    std::fprintf(stderr,
+                 "traincoord: the journal's room counts the file size limit of this process "
+                 "too (RLIMIT_FSIZE: %llu bytes; ulimit -f, or prlimit --pid %d --fsize=... "
+                 "to raise it now)\n",
+                 static_cast<unsigned long long>(fsize.rlim_cur), static_cast<int>(getpid()));
+  }
   static bool out_of_descriptors(const beast::error_code& ec);
   void pause_accepting(const beast::error_code& ec);
 
@@ -376,6 +388,7 @@ class HttpServer::Impl {
       if (now - checked >= std::chrono::milliseconds(100) || disk_full_.load()) {
         checked = now;
         const bool low = journal_->low_on_room();
+        if (low && !disk_full_.load()) say_file_size_limit();
         disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
       }
       // All waiting waves in one write: the first wave's batch takes the others'.

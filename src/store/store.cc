@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -431,7 +432,24 @@ Store::~Store() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // (last: the data dir is free once all is closed)
 }
 
-uint64_t Store::free_bytes() const { return free_bytes_at(options_.dir); }
+uint64_t Store::free_bytes() const {
+  uint64_t free = free_bytes_at(options_.dir);
+  // A file grows no further than the process's file size limit (RLIMIT_FSIZE, ulimit -f): the
+  // room left is also what the database or its WAL may still grow by.
+  rlimit fsize{};
+  if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY) {
+    uint64_t largest = 0;
+    for (const std::string& file : {path_, path_ + "-wal"}) {
+      struct stat st {};
+      if (::stat(file.c_str(), &st) == 0) {
+        largest = std::max(largest, static_cast<uint64_t>(st.st_size));
+      }
+    }
+    const uint64_t limit = static_cast<uint64_t>(fsize.rlim_cur);
+    free = std::min(free, limit > largest ? limit - largest : 0);
+  }
+  return free;
+}
 
 // The head file: "traincoord head " and the last committed log row's number, with a checksum
 // of both (24 bytes). Written in place after each commit, not synced: after a power loss it
