@@ -106,7 +106,12 @@ static void prepare_limits(size_t max_connections) {
   if (nofile.rlim_cur < nofile.rlim_max) {
     rlimit raised = nofile;
     raised.rlim_cur = nofile.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) nofile = raised;
+    bool raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    if (!raised_ok && nofile.rlim_max == RLIM_INFINITY) {
+      raised.rlim_cur = rlim_t{1} << 20;  // (an unlimited hard limit: Linux's default nr_open)
+      raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    }
+    if (raised_ok) nofile = raised;
   }
   // The journal, the tokens, the event loops and the listening socket take a few of them.
   constexpr rlim_t kOwnDescriptors = 64;
