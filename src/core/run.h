@@ -263,10 +263,10 @@ struct CutShareReply {
 };
 
 struct Restored {
-  bool restored = false;        // false: this group had restored the same target already
-  std::optional<uint64_t> cut;  // nullopt: a fresh start from the ledger as it is
+  bool restored = false;         // false: this group had restored the same target already
+  std::optional<uint64_t> cut;   // nullopt: a fresh start from the ledger as it is
   uint64_t generation = 0;
-  uint64_t withdrawn_jobs = 0;  // completed jobs reopened
+  uint64_t withdrawn_jobs = 0;   // completed jobs reopened
   uint64_t leases_voided = 0;
 };
 
@@ -352,9 +352,9 @@ class Run {
   // that registered with a group is judged by that group, whatever the request names: one of
   // a replaced group is refused stale_generation even when it names no group or the current
   // one, and a request naming another group than its worker's is refused group_mismatch
-  // (stale_generation when the group it names was replaced). A
-  // worker that registered without a group is judged by the group the request names (as
-  // admit(group)). REQUIRES: `worker` has joined.
+  // (stale_generation when the group it names was replaced). A worker that registered without
+  // a group is judged by the group the request names (as admit(group)). REQUIRES: `worker`
+  // has joined.
   Result<void> admit(WorkerId worker, std::string_view group) const;
   // Rank `rank` of the current group (of `world_size` ranks) gives its share of the group's
   // `seq`-th cut: the jobs it holds partly trained. Complete once every rank gave its share:
@@ -463,11 +463,11 @@ class Run {
   uint64_t event_seq_ = 0;
   std::deque<RecentCompletion> recent_;
 
-  std::string group_;                    // the current group ("": none yet)
-  uint64_t generation_ = 0;              // + 1 for every group that took the run over
+  std::string group_;                   // the current group ("": none yet)
+  uint64_t generation_ = 0;             // + 1 for every group that took the run over
   std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
-  std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
-  std::deque<Cut> cuts_;                 // oldest first: complete ones, and pending of group_
+  std::string restored_;                // what group_ restored: "cut N", "fresh", or ""
+  std::deque<Cut> cuts_;                // oldest first: complete ones, and pending of group_
   uint64_t last_cut_ = 0;
   Rendezvous rendezvous_;
 

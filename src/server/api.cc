@@ -999,7 +999,8 @@ constexpr Endpoint kEndpoints[] = {
     {"node_join", "POST", "/v1/runs/{run}/nodes/join", Access::kRun, &Api::Request::node_join},
     {"node_poll", "POST", "/v1/runs/{run}/nodes/poll", Access::kRun, &Api::Request::node_poll},
     {"node_fail", "POST", "/v1/runs/{run}/nodes/fail", Access::kRun, &Api::Request::node_fail},
-    {"node_leave", "POST", "/v1/runs/{run}/nodes/leave", Access::kRun, &Api::Request::node_leave},
+    {"node_leave", "POST", "/v1/runs/{run}/nodes/leave", Access::kRun,
+     &Api::Request::node_leave},
     {"nodes", "GET", "/v1/runs/{run}/nodes", Access::kRun, &Api::Request::nodes},
     {"next_index", "POST", "/v1/runs/{run}/next_index", Access::kRun, &Api::Request::next_index},
 };

@@ -651,9 +651,9 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(refused.status, 409);
   EXPECT_EQ(code_of(refused), "restore_required");
   EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2"})").status, 400);
-  EXPECT_EQ(
-      reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})").status,
-      400);
+  EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})")
+                .status,
+            400);
   EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 5})")),
             "cut_not_found");
   auto restored = json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
@@ -661,8 +661,8 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(restored["generation"].GetUint64(), 2u);
   EXPECT_EQ(restored["withdrawn_jobs"].GetUint64(), 1u);
   EXPECT_EQ(restored["leases_voided"].GetUint64(), 1u);
-  EXPECT_FALSE(
-      json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"].GetBool());
+  EXPECT_FALSE(json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"]
+                   .GetBool());
   // The old group is refused everywhere, and nothing it sends is counted.
   for (const char* action : {"acquire", "heartbeat", "complete", "release", "leave", "cuts"}) {
     const std::string body =
