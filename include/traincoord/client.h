@@ -107,6 +107,8 @@ inline constexpr std::string_view kRunCancelled = "run_cancelled";        // 409
 inline constexpr std::string_view kNodeSecretMismatch = "node_secret_mismatch";
 inline constexpr std::string_view kRendezvousFull = "rendezvous_full";
 inline constexpr std::string_view kRendezvousSettingsConflict = "rendezvous_settings_conflict";
+// 409: a request names another group than the one its worker registered with.
+inline constexpr std::string_view kGroupMismatch = "group_mismatch";
 inline constexpr std::string_view kCutTimeout = "cut_timeout";   // the client's own: wait_for_cut
 inline constexpr std::string_view kUnreachable = "unreachable";  // the client's own
 inline constexpr std::string_view kTls = "tls";                  // the client's own

@@ -18,6 +18,7 @@ from .client import (
     CUT_INCOMPLETE,
     CUT_MISMATCH,
     CUT_NOT_FOUND,
+    GROUP_MISMATCH,
     LEASE_NOT_HELD,
     LEASE_NOT_YOURS,
     LEASE_UNKNOWN,
@@ -37,5 +38,5 @@ from .client import (
 __all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
            "BAD_REPLY", "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND",
            "WORKER_NOT_REGISTERED", "STALE_GENERATION", "RESTORE_REQUIRED", "RESTORE_CONFLICT", "CUT_NOT_FOUND",
-           "CUT_INCOMPLETE", "CUT_MISMATCH", "LEASE_NOT_HELD"]
+           "CUT_INCOMPLETE", "CUT_MISMATCH", "LEASE_NOT_HELD", "GROUP_MISMATCH"]
 __version__ = "0.1.0"

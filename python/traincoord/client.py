@@ -33,6 +33,7 @@ BAD_REPLY = "bad_reply"  # (the client's own) a reply without a field it must ha
 STALE_GENERATION = "stale_generation"  # a newer group took the run over: stop this process
 RESTORE_REQUIRED = "restore_required"  # the run has cuts: restore one (or start fresh) first
 RESTORE_CONFLICT = "restore_conflict"  # the current group restored another target already
+GROUP_MISMATCH = "group_mismatch"  # a request named another group than its worker registered with
 CUT_NOT_FOUND = "cut_not_found"
 CUT_INCOMPLETE = "cut_incomplete"  # not every rank gave its share (yet)
 CUT_MISMATCH = "cut_mismatch"  # ranks disagree on the cut's world size

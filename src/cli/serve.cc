@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "cli/commands.h"
 #include "config/config_diff.h"
@@ -94,8 +95,38 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   return 0;
 }
 
+// The process's limits, for a server: a write past the file size limit (RLIMIT_FSIZE) fails
+// with EFBIG, which the journal takes as a full disk (503 disk_full, said on stderr), instead
+// of killing the process with SIGXFSZ and no word; the soft limit on descriptors (one per
+// connection) is raised to the hard one, and said when --max-connections exceeds it.
+static void prepare_limits(size_t max_connections) {
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return;
+  if (nofile.rlim_cur < nofile.rlim_max) {
+    rlimit raised = nofile;
+    raised.rlim_cur = nofile.rlim_max;
+    bool raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    if (!raised_ok && nofile.rlim_max == RLIM_INFINITY) {
+      raised.rlim_cur = rlim_t{1} << 20;  // (an unlimited hard limit: Linux's default nr_open)
+      raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    }
+    if (raised_ok) nofile = raised;
+  }
+  // The journal, the tokens, the event loops and the listening socket take a few of them.
+  constexpr rlim_t kOwnDescriptors = 64;
+  if (nofile.rlim_cur != RLIM_INFINITY && max_connections + kOwnDescriptors > nofile.rlim_cur) {
+    std::cerr << "traincoord: --max-connections " << max_connections
+              << " exceeds what the file descriptor limit allows (" << nofile.rlim_cur
+              << ", ulimit -n; the hard limit is " << nofile.rlim_max << "): past about "
+              << (nofile.rlim_cur > kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : 0)
+              << " open connections, new ones wait until some close; raise the hard limit "
+                 "(ulimit -Hn, systemd's LimitNOFILE=) or lower --max-connections\n";
+  }
+}
 
 int serve(const ServeArgs& args) {
+  prepare_limits(args.max_connections);
   std::vector<std::string> paths = args.configs;
   if (!args.runs_dir.empty()) {
     std::error_code ec;

@@ -159,6 +159,7 @@ TEST(Reply, TheClientsCodesAreTheCoordinators) {
   EXPECT_EQ(codes::kRendezvousFull, error_reason::kRendezvousFull);
   EXPECT_EQ(codes::kRendezvousSettingsConflict, error_reason::kRendezvousSettingsConflict);
   EXPECT_EQ(codes::kRestoreConflict, error_reason::kRestoreConflict);
+  EXPECT_EQ(codes::kGroupMismatch, error_reason::kGroupMismatch);
   EXPECT_EQ(codes::kRunCancelled, error_reason::kRunCancelled);
 }
 

@@ -25,6 +25,11 @@ RunConfig two_jobs() {
 
 Completion report(double loss, uint64_t samples) { return Completion{loss, samples, {}}; }
 
+template <typename T>
+std::string_view reason_of(const Result<T>& r) {
+  return r ? std::string_view("ok") : r.error().reason;
+}
+
 class CutTest : public ::testing::Test {
  protected:
   Job take(traincoord::Run& run, WorkerId w) {
@@ -139,7 +144,6 @@ TEST_F(CutTest, EveryRefusalNamesItsCause) {
   const WorkerId b = run.join("b");
   const Job ja = take(run, a);
   const Job jb = take(run, b);
-  auto reason_of = [](const auto& r) { return r ? std::string_view("ok") : r.error().reason; };
   auto code_of = [](const auto& r) { return r ? ErrorCode::kInvalidArgument : r.error().code; };
 
   // Another worker's lease.
@@ -307,6 +311,64 @@ TEST_F(CutTest, CutsAndGroupsSurviveASnapshot) {
   EXPECT_EQ(a->job.positions.count, 2u);
   // A snapshot missing its end is refused, not half read.
   EXPECT_FALSE(RunCodec::load(two_jobs(), bytes.substr(0, bytes.size() - 3), clock_));
+}
+
+TEST_F(CutTest, AWorkerIsFencedByTheGroupItRegisteredWithWhateverItsRequestsName) {
+  traincoord::Run run(two_jobs(), clock_);
+  ASSERT_TRUE(run.join_group("g1"));
+  const WorkerId old = run.join("rank0", "g1");
+  const WorkerId solo = run.join("solo");  // ungrouped
+  const Job held = take(run, old);
+  ASSERT_TRUE(run.cut(old, "g1", 1, 0, 1, {}));
+  EXPECT_TRUE(run.admit(old, ""));
+  EXPECT_TRUE(run.admit(old, "g1"));
+
+  ASSERT_EQ(*run.join_group("g2"), GroupState::kRestoreRequired);
+  const WorkerId fresh = run.join("rank0-b", "g2");
+  EXPECT_EQ(reason_of(run.admit(fresh, "")), error_reason::kRestoreRequired);
+  ASSERT_TRUE(run.restore("g2", 1));
+
+  // The old group's worker, naming no group or the group that replaced its own: stale.
+  EXPECT_EQ(reason_of(run.admit(old, "")), error_reason::kStaleGeneration);
+  EXPECT_EQ(reason_of(run.admit(old, "g2")), error_reason::kStaleGeneration);
+  EXPECT_EQ(reason_of(run.cut(old, "g2", 1, 0, 1, {CutPart{held.lease, 1, report(1, 1)}})),
+            error_reason::kStaleGeneration);
+  EXPECT_TRUE(run.cuts().size() == 1 && run.cuts().front().id == 1u);  // no share was taken
+  // The new group's worker: its own group or none; another group is a mismatch.
+  EXPECT_TRUE(run.admit(fresh, ""));
+  EXPECT_TRUE(run.admit(fresh, "g2"));
+  EXPECT_EQ(reason_of(run.admit(fresh, "g3")), error_reason::kGroupMismatch);
+  EXPECT_EQ(reason_of(run.admit(fresh, "g1")), error_reason::kStaleGeneration);
+  // An ungrouped worker is judged by what its request names, as before.
+  EXPECT_TRUE(run.admit(solo, ""));
+  EXPECT_TRUE(run.admit(solo, "g2"));
+  EXPECT_EQ(reason_of(run.admit(solo, "g1")), error_reason::kStaleGeneration);
+  // Registering again under the new group makes the name the new group's.
+  EXPECT_EQ(run.join("rank0", "g2"), old);
+  EXPECT_TRUE(run.admit(old, ""));
+}
+
+TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersUngrouped) {
+  traincoord::Run run(two_jobs(), clock_);
+  ASSERT_TRUE(run.join_group("g1"));
+  const WorkerId w = run.join("w", "g1");
+  ASSERT_TRUE(run.cut(w, "g1", 1, 0, 1, {}));
+  ASSERT_TRUE(run.join_group("g2"));
+  ASSERT_TRUE(run.restore("g2", 1));
+  const std::string bytes = RunCodec::save(run);
+  auto loaded = RunCodec::load(two_jobs(), bytes, clock_);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  EXPECT_EQ((*loaded)->workers()[w].group, "g1");
+  EXPECT_EQ(reason_of((*loaded)->admit(w, "")), error_reason::kStaleGeneration);
+  // The same snapshot as format 6 wrote it: no worker groups at its end.
+  std::string v6 = bytes.substr(0, bytes.size() - 3);  // one group: length 2, then "g1"
+  ASSERT_EQ(static_cast<uint8_t>(v6[5]), 7u);          // (after the 5-byte magic)
+  v6[5] = 6;
+  auto old = RunCodec::load(two_jobs(), v6, clock_);
+  ASSERT_TRUE(old) << old.error().message;
+  EXPECT_EQ((*old)->workers()[w].group, "");
+  EXPECT_TRUE((*old)->admit(w, ""));  // ungrouped, as it was then
+  EXPECT_EQ(reason_of((*old)->admit(w, "g1")), error_reason::kStaleGeneration);
 }
 
 }  // namespace

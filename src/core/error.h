@@ -43,6 +43,7 @@ inline constexpr std::string_view kNodeSecretMismatch = "node_secret_mismatch"; 
 inline constexpr std::string_view kRendezvousFull = "rendezvous_full";           // kConflict
 inline constexpr std::string_view kRendezvousSettingsConflict =
     "rendezvous_settings_conflict";  // kConflict
+inline constexpr std::string_view kGroupMismatch = "group_mismatch";      // kConflict
 }  // namespace error_reason
 
 struct Error {

@@ -394,7 +394,7 @@ TEST(RendezvousSnapshot, ReadsAFormat5Snapshot) {
   const std::string empty6("\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", 12);
   ASSERT_EQ(bytes.substr(bytes.size() - empty6.size()), empty6);
   bytes.resize(bytes.size() - empty6.size());
-  ASSERT_EQ(bytes[5], 6);  // (magic: 5 bytes, then the format)
+  ASSERT_EQ(bytes[5], 7);  // (magic: 5 bytes, then the format; no workers: no groups after)
   bytes[5] = 5;
   // Format 5's rendezvous: two nodes of a formed round 1, neither with a secret.
   varint(bytes, 2);
@@ -428,9 +428,9 @@ TEST(RendezvousSnapshot, ReadsAFormat5Snapshot) {
   EXPECT_EQ(n2->world_size, 6u);
   EXPECT_EQ(n2->rank_offset, 3u);
   EXPECT_EQ(n2->master_addr, "10.0.0.1");
-  // Saved again, in format 6, it reads back the same.
+  // Saved again, in the current format, it reads back the same.
   const std::string again = RunCodec::save(**loaded);
-  EXPECT_EQ(again[5], 6);
+  EXPECT_EQ(again[5], 7);
   auto reloaded = RunCodec::load(small_run(), again, clock);
   ASSERT_TRUE(reloaded) << reloaded.error().message;
   EXPECT_EQ(RunCodec::save(**reloaded), again);

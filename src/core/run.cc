@@ -268,11 +268,12 @@ void Run::advance() {
 
 // ---- workers ----
 
-WorkerId Run::join(std::string_view name) {
+WorkerId Run::join(std::string_view name, std::string_view group) {
   auto it = worker_ids_.find(std::string(name));
   if (it != worker_ids_.end()) {
     WorkerInfo& w = workers_[it->second];
     w.last_seen = clock_.now();
+    w.group = std::string(group);
     if (!w.active) {
       w.active = true;
       emit(EventKind::kWorkerJoined, "worker " + w.name + " rejoined");
@@ -282,6 +283,7 @@ WorkerId Run::join(std::string_view name) {
   const WorkerId id = static_cast<WorkerId>(workers_.size());
   WorkerInfo w;
   w.name = std::string(name);
+  w.group = std::string(group);
   w.joined_at = w.last_seen = clock_.now();
   workers_.push_back(std::move(w));
   worker_ids_.emplace(std::string(name), id);
@@ -804,6 +806,26 @@ Result<void> Run::admit(std::string_view group) const {
                    error_reason::kWorkerNotRegistered);
 }
 
+Result<void> Run::admit(WorkerId worker, std::string_view group) const {
+  TC_ASSERT(worker < workers_.size());
+  const std::string& registered = workers_[worker].group;
+  if (registered.empty()) return admit(group);
+  // The registration decides, not the request: a process of a replaced group is fenced off
+  // however it words its requests (naming no group, or the group that replaced its own).
+  if (auto ok = admit(registered); !ok) return ok;
+  if (!group.empty() && group != registered) {
+    // (A process of a replaced group whose name a rank of the new group registered since.)
+    if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
+    return conflict("worker " + workers_[worker].name + " registered with group " + registered +
+                        " of run " + config_.name + ", but this request names group " +
+                        std::string(group) +
+                        ": a worker's requests name the group it registered with (or none); "
+                        "register it again with its group",
+                    error_reason::kGroupMismatch);
+  }
+  return {};
+}
+
 Result<GroupState> Run::join_group(std::string_view group) {
   if (group.empty() || group == group_) return GroupState::kCurrent;
   if (is_past_group(group)) return stale_group(config_.name, group, group_, generation_);
@@ -930,7 +952,7 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
   auto w = worker_of(worker);
   if (!w) return tl::unexpected(w.error());
   if (group.empty()) return invalid_argument("group", "a cut is taken by a group: name it");
-  if (auto ok = admit(group); !ok) return tl::unexpected(ok.error());
+  if (auto ok = admit(worker, group); !ok) return tl::unexpected(ok.error());
   if (seq == 0) return invalid_argument("seq", "must be at least 1");
   if (world_size == 0 || world_size > (1u << 20)) {
     return invalid_argument("world_size", "must be between 1 and 2^20");

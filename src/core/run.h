@@ -152,6 +152,9 @@ struct WorkerInfo {
   std::vector<LeaseId> leases;     // live leases it holds
   uint64_t last_request = 0;       // the id of its last acquire that named one ...
   LeaseId last_request_lease = 0;  // ... and the (first) lease that acquire handed out (0: none)
+  // The group it registered with, last (empty: none). Its requests are fenced by this group,
+  // whatever group they name or omit (Run::admit).
+  std::string group;
 };
 
 struct RunCounters {
@@ -290,8 +293,10 @@ class Run {
 
   // Whether a worker of that name has joined (now or before).
   bool has_worker(std::string_view name) const { return worker_ids_.count(std::string(name)) != 0; }
-  // A worker joins (or rejoins) under a stable name; the same name gives the same id.
-  WorkerId join(std::string_view name);
+  // A worker joins (or rejoins) under a stable name; the same name gives the same id. `group`:
+  // the group it registers with (empty: none), which from now on fences its requests (a later
+  // registration under the same name replaces it). REQUIRES: join_group(group) succeeded.
+  WorkerId join(std::string_view name, std::string_view group = {});
   // The worker leaves: its live leases are given back at once (not counted as failures).
   Result<void> leave(WorkerId worker);
 
@@ -343,6 +348,14 @@ class Run {
   // stale_generation (an earlier group), restore_required (a new group while cuts exist) or
   // worker_not_registered (a new group that has not registered).
   Result<void> admit(std::string_view group) const;
+  // Whether a request of `worker` that names `group` (empty: names none) is served. A worker
+  // that registered with a group is judged by that group, whatever the request names: one of
+  // a replaced group is refused stale_generation even when it names no group or the current
+  // one, and a request naming another group than its worker's is refused group_mismatch
+  // (stale_generation when the group it names was replaced). A worker that registered without
+  // a group is judged by the group the request names (as admit(group)). REQUIRES: `worker`
+  // has joined.
+  Result<void> admit(WorkerId worker, std::string_view group) const;
   // Rank `rank` of the current group (of `world_size` ranks) gives its share of the group's
   // `seq`-th cut: the jobs it holds partly trained. Complete once every rank gave its share:
   // the run as of then is saved. Repeating a share changes nothing.

@@ -15,8 +15,9 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // saved progress, in the layout of the run's own), four counters. 5: the rendezvous of the
 // launch agents. 6: the rendezvous keeps each node's secret hash, and the running round's layout
 // (each member's processes, the master's address and port) as it formed (format 5 is read: its
-// layout taken from the nodes present, and its nodes without a secret).
-constexpr uint32_t kFormat = 6;
+// layout taken from the nodes present, and its nodes without a secret). 7: the group each worker
+// registered with (which fences its requests; before 7 every worker reads as ungrouped).
+constexpr uint32_t kFormat = 7;
 constexpr uint32_t kOldestFormat = 2;
 
 class Writer {
@@ -604,6 +605,8 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   w.i64(rdzv.settle_ms_);
   w.i64(rdzv.node_timeout_ms_);
   w.str(rdzv.last_end_);
+  // (6) Each worker's group, in the workers' order.
+  for (const WorkerInfo& wi : run.workers_) w.str(wi.group);
   return w.take();
 }
 
@@ -787,6 +790,11 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     if (const std::string broken = rdzv.inconsistency(); r.ok() && !broken.empty()) {
       return corrupt("inconsistent: " + broken);
     }
+  }
+  if (format >= 7) {
+    // Before 7 no worker's group was kept: each reads as ungrouped, judged by the group its
+    // requests name, as it then was.
+    for (WorkerInfo& wi : run->workers_) wi.group = r.str();
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");

@@ -930,7 +930,22 @@ std::string_view Api::run_of(std::string_view target) {
   return {};
 }
 
+std::optional<HttpReply> Api::refusal(const ParkedAcquire& parked) const {
+  auto run = engine_.find(parked.run);
+  if (!run) return error_reply(run.error());
+  if (parked.worker >= (*run)->workers().size()) return std::nullopt;  // (acquire() says why)
+  if (auto admitted = (*run)->admit(parked.worker, parked.group); !admitted) {
+    return error_reply(admitted.error());
+  }
+  return std::nullopt;
+}
+
 std::optional<HttpReply> Api::retry(const ParkedAcquire& parked, bool timed_out) {
+  effect_ = Effect::kNone;
+  retried_as_acquire_.clear();
+  // The same admission as a request that came now: a worker whose group was replaced while it
+  // waited gets what it would get asking again (stale_generation), and no work.
+  if (auto refused = refusal(parked)) return refused;
   auto run = engine_.find(parked.run);
   if (!run) return error_reply(run.error());
   const uint64_t events = (*run)->event_seq();
@@ -1122,7 +1137,14 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   r.body = &body;
   if (endpoint->grouped) {
     TC_TRY_ASSIGN(group, body.string("group", std::string(), kMaxGroupBytes));
-    TC_TRY_REPLY(r.run->admit(group));
+    // Judged by the group its worker registered with (Run::admit); a request without a worker
+    // the run knows is judged by the group it names, and its handler says what is wrong.
+    auto worker = body.uint("worker", std::nullopt, UINT32_MAX);
+    if (worker && *worker < r.run->workers().size()) {
+      TC_TRY_REPLY(r.run->admit(static_cast<WorkerId>(*worker), group));
+    } else {
+      TC_TRY_REPLY(r.run->admit(group));
+    }
     r.group = std::move(group);
   }
   auto result = endpoint->handler(r);
@@ -1430,7 +1452,7 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
   }
   // The group first: a refused one (stale) registers nothing.
   TC_TRY_ASSIGN(group_state, r.run->join_group(group));
-  const WorkerId id = r.run->join(name);
+  const WorkerId id = r.run->join(name, group);
   JsonWriter j;
   j.begin_object();
   j.field("worker", id).field("name", name).field("run", r.run->config().name);
@@ -1840,6 +1862,7 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
   ParkedAcquire acquiring;
   acquiring.run = r.run->config().name;
   acquiring.worker = worker;
+  acquiring.group = r.group;
   if (complete) {
     std::vector<LeaseCompletion> items;
     const bool listed = r.body->has("completions");

@@ -38,6 +38,7 @@ struct HttpReply {
 struct ParkedAcquire {
   std::string run;
   WorkerId worker = 0;
+  std::string group;  // the group the request named (empty: none); see Run::admit
   TimeMs deadline = 0;
   std::optional<Completed> completed;  // when it came with a completion (complete + next) ...
   std::optional<std::vector<Completed>> outcomes;  // ... or with a list of completions
@@ -105,7 +106,14 @@ class Api {
 
   // Asks again for a parked acquire. Returns the reply when there is one now (a job, the run
   // finished, or `timed_out`: then a "wait" with a retry hint); nullopt to keep waiting.
+  // A parked acquire passes the same admission as a request that comes now (Run::admit: the
+  // group its worker registered with, and the one it named): refused, it is answered with the
+  // refusal (stale_generation when a restore or a new group replaced its group meanwhile) and
+  // nothing changes.
   std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out);
+  // The refusal a parked acquire would get now from retry() (nullopt: still admitted).
+  // Changes nothing.
+  std::optional<HttpReply> refusal(const ParkedAcquire& parked) const;
 
   // What the last handle() or retry() did to its run's state (see Effect).
   Effect effect() const { return effect_; }

@@ -8,6 +8,8 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/utf8.h"
 
@@ -686,6 +688,92 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   const std::string metrics = api_.metrics_text();
   EXPECT_NE(metrics.find("traincoord_run_restores_total{run=\"r\"} 1"), std::string::npos);
   EXPECT_NE(metrics.find("traincoord_run_generation{run=\"r\"} 2"), std::string::npos);
+}
+
+// The old group's long polls, parked when a new group restores: answered stale_generation,
+// however they named their group, and no lease of the new generation goes to them.
+TEST_F(ApiTest, ARestoreAnswersTheOldGroupsParkedAcquiresStaleAndLeasesThemNothing) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g1"})");
+  for (int i = 0; i < 4; ++i) json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1"})");
+  json("POST", "/v1/runs/r/cuts", R"({"worker": 0, "group": "g1", "seq": 1})");
+  // Nothing open: an acquire, and a complete + next (naming no group), wait.
+  auto acquire = api_.handle(
+      {"POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1", "wait_ms": 5000})", {}});
+  ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(acquire));
+  auto complete = api_.handle({"POST",
+                               "/v1/runs/r/complete",
+                               R"({"worker": 0, "lease": 1, "loss": 1, "next": true,
+                                   "wait_ms": 5000})",
+                               {}});
+  ASSERT_TRUE(std::holds_alternative<ParkedAcquire>(complete));
+  const std::vector<ParkedAcquire> parked{std::get<ParkedAcquire>(acquire),
+                                          std::get<ParkedAcquire>(complete)};
+  for (const ParkedAcquire& p : parked) EXPECT_FALSE(api_.refusal(p));
+
+  json("POST", "/v1/runs/r/workers", R"({"name": "b", "group": "g2"})");
+  json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
+  for (const ParkedAcquire& p : parked) {
+    for (bool timed_out : {false, true}) {
+      auto answer = api_.retry(p, timed_out);
+      ASSERT_TRUE(answer.has_value());
+      EXPECT_EQ(answer->status, 409) << answer->body;
+      EXPECT_EQ(code_of(*answer), "stale_generation") << answer->body;
+      EXPECT_EQ(api_.effect(), Effect::kNone);
+    }
+    EXPECT_TRUE(api_.refusal(p));
+  }
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["counters"]["handouts"].GetUint64(), 4u) << "a lease went to the old group";
+  // Every job is the new group's to take.
+  for (int i = 0; i < 4; ++i) {
+    auto a = json("POST", "/v1/runs/r/acquire", R"({"worker": 1, "group": "g2"})");
+    EXPECT_STREQ(a["status"].GetString(), "job");
+  }
+}
+
+TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsName) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g1"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "solo"})");  // ungrouped
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "group": "g1"})");
+  json("POST", "/v1/runs/r/cuts", R"({"worker": 0, "group": "g1", "seq": 1})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b", "group": "g2"})");
+  json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
+  // Worker 0 (of g1) naming no group, or naming g2: refused, nothing counted, no cut share.
+  for (const char* group : {"", R"(, "group": "g2")"}) {
+    for (const auto& [action, fields] : std::vector<std::pair<std::string, std::string>>{
+             {"acquire", ""},
+             {"heartbeat", ""},
+             {"complete", R"(, "lease": 1, "loss": 1, "samples": 1)"},
+             {"fail", R"(, "lease": 1)"},
+             {"release", R"(, "leases": [1])"},
+             {"cuts", R"(, "seq": 1)"},
+             {"leave", ""}}) {
+      if (action == "cuts" && std::string(group).empty()) continue;  // (a cut names its group)
+      const HttpReply stale = reply("POST", "/v1/runs/r/" + action,
+                                    R"({"worker": 0)" + std::string(group) + fields + "}");
+      EXPECT_EQ(stale.status, 409) << action << group << ": " << stale.body;
+      EXPECT_EQ(code_of(stale), "stale_generation") << action << group;
+    }
+  }
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["progress"]["jobs_done"].GetUint64(), 0u);
+  EXPECT_EQ(status["counters"]["handouts"].GetUint64(), 1u);
+  EXPECT_EQ(json("GET", "/v1/runs/r/cuts")["cuts"].Size(), 1u);
+  // Worker 2 (of g2) naming another group than its own: a mismatch (stale, for a past group).
+  const HttpReply mismatch = reply("POST", "/v1/runs/r/acquire", R"({"worker": 2, "group": "g9"})");
+  EXPECT_EQ(mismatch.status, 409) << mismatch.body;
+  EXPECT_EQ(code_of(mismatch), "group_mismatch");
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/acquire", R"({"worker": 2, "group": "g1"})")),
+            "stale_generation");
+  EXPECT_STREQ(json("POST", "/v1/runs/r/acquire", R"({"worker": 2})")["status"].GetString(), "job");
+  // The ungrouped worker is judged by the group its request names.
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/heartbeat", R"({"worker": 1, "group": "g1"})")),
+            "stale_generation");
+  json("POST", "/v1/runs/r/heartbeat", R"({"worker": 1})");
+  json("POST", "/v1/runs/r/heartbeat", R"({"worker": 1, "group": "g2"})");
+  // Registered again under the new group, the name is the new group's.
+  json("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g2"})");
+  json("POST", "/v1/runs/r/heartbeat", R"({"worker": 0})");
 }
 
 }  // namespace

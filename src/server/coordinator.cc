@@ -218,9 +218,19 @@ std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool ti
   return reply;
 }
 
-// Answers parked acquires in arrival order while there is an answer; then times out those
-// whose wait has run out.
+// Answers the parked acquires no longer admitted (their group was replaced meanwhile: a
+// restore, or a new group that took the run over), wherever they wait in the queue; then the
+// others in arrival order while there is an answer; then times out those whose wait has run
+// out.
 void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
+  for (auto it = queue.begin(); it != queue.end();) {
+    if (auto refused = api_.refusal(it->acquire)) {
+      outbox_.push_back({std::move(it->to), std::move(*refused), it->endpoint});
+      it = queue.erase(it);
+    } else {
+      ++it;
+    }
+  }
   while (!queue.empty()) {
     auto reply = retry(queue.front().acquire, false);
     if (!reply) break;  // nothing for the first: nothing for the others either

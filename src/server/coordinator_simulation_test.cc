@@ -407,5 +407,179 @@ TEST(CoordinatorSimulation, EveryBatchOnceAndNothingAcceptedLostAcrossCrashes) {
   }
 }
 
+// A restore (or a new group that takes the run over) while the old group's workers wait in
+// long polls: every one of them, an acquire or a complete + next, naming its group or not, is
+// answered stale_generation by the wave that changed the group, and none gets a lease of the
+// new generation (else the new group's epoch would wait for that lease to expire). Then the
+// journal replays to the same run. Seeded: the schedule (how many workers, which kind of long
+// poll, whether the tick or the restore itself wakes them, restore of a cut, fresh start or
+// take-over by registration) comes from the seed.
+class GroupChange {
+ public:
+  explicit GroupChange(uint64_t seed) : rng_(seed), journal_(1 + rng_() % 40) {
+    process_ = std::make_unique<Process>(wall_, journal_, true);
+  }
+
+  void run() {
+    call_admin(HttpRequest{"POST",
+                           "/v1/runs",
+                           R"({"name": "s", "data": {"train_batches": 12, "dev_batches": 2}, )"
+                           R"("schedule": {"epochs": 2}, "leases": {"timeout": 10.0}, )"
+                           R"("early_stop": {"rule": "none"}})",
+                           {}});
+    const int old_workers = 2 + pick(4);
+    for (int i = 0; i < old_workers; ++i) register_worker("old" + std::to_string(i), "old");
+    // A holder keeps one lease, so that nothing the others complete closes the epoch.
+    std::vector<uint64_t> held = take_all({0});
+    const bool with_cut = pick(3) != 0;
+    if (with_cut) {
+      ASSERT_EQ(post(0, "cuts", R"({"worker": 0, "group": "old", "seq": 1})").status, 200);
+    }
+    // The others take every job still open, then wait: an acquire or a complete + next.
+    std::vector<size_t> waiting;
+    for (int i = 1; i < old_workers; ++i) waiting.push_back(static_cast<size_t>(i));
+    std::map<size_t, std::vector<uint64_t>> leases;
+    for (bool more = true; more;) {
+      more = false;
+      for (size_t w : waiting) {
+        auto got = acquire_now(w);
+        if (got) {
+          leases[w].push_back(*got);
+          more = true;
+        }
+      }
+    }
+    std::map<size_t, std::optional<HttpReply>> answers;
+    for (size_t w : waiting) {
+      const std::string group = pick(2) == 0 ? R"(, "group": "old")" : "";
+      const std::string wait = R"(, "wait_ms": )" + std::to_string(2000 + pick(20'000));
+      std::string body = R"({"worker": )" + std::to_string(ids_[w]) + group + wait;
+      std::string target = "acquire";
+      if (!leases[w].empty() && pick(2) == 0) {
+        target = "complete";
+        body += R"(, "lease": )" + std::to_string(leases[w].back()) +
+                R"(, "loss": 1, "samples": 1, "next": true)";
+      }
+      if (pick(2) == 0) body += R"(, "request": )" + std::to_string(1 + pick(1000));
+      send(HttpRequest{"POST", "/v1/runs/s/" + target, body + "}", {}}, &answers[w]);
+    }
+    step();
+    ASSERT_EQ(process_->coordinator->parked(), waiting.size());
+    for (size_t w : waiting) ASSERT_FALSE(answers[w]) << "answered before the group changed";
+    if (pick(2) == 0) {  // the tick may come first, or with the change
+      wall_.advance(1 + pick(200));
+      step();
+    }
+    // The new group.
+    register_worker("new0", "new");
+    if (with_cut) {
+      const std::string body =
+          pick(2) == 0 ? R"({"group": "new", "cut": 1})" : R"({"group": "new", "fresh": true})";
+      call_admin(HttpRequest{"POST", "/v1/runs/s/restore", body, {}});
+    }
+    for (size_t w : waiting) {
+      ASSERT_TRUE(answers[w]) << "old" << w << " still parked after its group was replaced";
+      EXPECT_EQ(answers[w]->status, 409) << answers[w]->body;
+      EXPECT_NE(answers[w]->body.find("\"stale_generation\""), std::string::npos)
+          << answers[w]->body;
+    }
+    EXPECT_EQ(process_->coordinator->parked(), 0u);
+    auto run = process_->engine.find("s");
+    ASSERT_TRUE(run);
+    for (int i = 0; i < old_workers; ++i) {
+      EXPECT_TRUE((*run)->workers()[ids_[static_cast<size_t>(i)]].leases.empty())
+          << "old" << i << " holds a lease of the new generation";
+    }
+    // The new group takes the jobs the old one held, at once.
+    const size_t fresh = ids_.size() - 1;
+    EXPECT_TRUE(acquire_now(fresh)) << "the new group's worker got no job";
+    // The old holder's next request is refused too (named group or not).
+    const HttpReply late = post(0, "complete",
+                                R"({"worker": 0, "lease": )" + std::to_string(held.front()) +
+                                    R"(, "loss": 1, "samples": 1})");
+    EXPECT_NE(late.body.find("\"stale_generation\""), std::string::npos) << late.body;
+    // What the journal kept replays to this very run.
+    const std::string state = process_->state();
+    process_.reset();
+    process_ = std::make_unique<Process>(wall_, journal_, false);
+    ASSERT_TRUE(process_->restored) << process_->restore_error;
+    EXPECT_TRUE(process_->state() == state) << "the journal does not replay to the same run";
+  }
+
+ private:
+  int pick(int n) { return static_cast<int>(rng_() % static_cast<uint64_t>(n)); }
+
+  void send(HttpRequest request, std::optional<HttpReply>* answer) {
+    calls_.push_back(Call{std::move(request), ReplyTo{[answer](HttpReply r) { *answer = r; }, {}}});
+  }
+
+  // One step of the coordinator, its wave written, its replies delivered.
+  void step() {
+    Wave wave = process_->coordinator->step(calls_);
+    ASSERT_TRUE(journal_.write(*wave.writes));
+    for (Outgoing& o : wave.replies) o.to.respond(std::move(o.reply));
+    wall_.advance(pick(3));
+  }
+
+  HttpReply call_admin(HttpRequest request) {
+    std::optional<HttpReply> answer;
+    send(std::move(request), &answer);
+    step();
+    EXPECT_TRUE(answer);
+    return answer.value_or(HttpReply{});
+  }
+
+  HttpReply post(size_t w, const std::string& target, const std::string& body) {
+    (void)w;
+    return call_admin(HttpRequest{"POST", "/v1/runs/s/" + target, body, {}});
+  }
+
+  void register_worker(const std::string& name, const std::string& group) {
+    const HttpReply r =
+        post(0, "workers", R"({"name": ")" + name + R"(", "group": ")" + group + R"("})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    ids_.push_back(d["worker"].GetUint64());
+  }
+
+  // An acquire without a wait: the lease it got, if any.
+  std::optional<uint64_t> acquire_now(size_t w) {
+    const HttpReply r = post(w, "acquire", R"({"worker": )" + std::to_string(ids_[w]) + "}");
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    if (r.status != 200 || std::string(d["status"].GetString()) != "job") return std::nullopt;
+    return d["job"]["lease"].GetUint64();
+  }
+
+  std::vector<uint64_t> take_all(std::vector<size_t> workers) {
+    std::vector<uint64_t> leases;
+    for (size_t w : workers) {
+      if (auto l = acquire_now(w)) leases.push_back(*l);
+    }
+    return leases;
+  }
+
+  std::mt19937_64 rng_;
+  ManualClock wall_{1'000'000};
+  MemoryJournal journal_;
+  std::unique_ptr<Process> process_;
+  std::vector<Call> calls_;
+  std::vector<uint64_t> ids_;
+};
+
+TEST(CoordinatorSimulation, ARestoreAnswersTheOldGroupsLongPollsStaleAndLeasesThemNothing) {
+  const std::vector<uint64_t> seeds =
+      testing::seeds_from_env("TRAINCOORD_SERVER_SIM_SEED", "TRAINCOORD_SERVER_SIM_SEEDS", 200);
+  for (uint64_t seed : seeds) {
+    SCOPED_TRACE("seed " + std::to_string(seed) +
+                 " (replay: TRAINCOORD_SERVER_SIM_SEED=" + std::to_string(seed) +
+                 " traincoord_tests --gtest_filter='CoordinatorSimulation.ARestore*')");
+    GroupChange sim(seed);
+    sim.run();
+    if (HasFailure()) return;
+  }
+}
+
 }  // namespace
 }  // namespace traincoord

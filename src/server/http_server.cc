@@ -2,6 +2,10 @@
 
 #include "server/http_server.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -50,6 +54,7 @@ class HttpServer::Impl {
       guards_.emplace_back(asio::make_work_guard(*ios_.back()));
     }
     acceptor_.emplace(*ios_[0]);
+    accept_pause_.emplace(*ios_[0]);
     for (auto& io : ios_) sweepers_.push_back(std::make_unique<Sweeper>(*io));
     inline_engine_ = n == 1;
   }
@@ -59,6 +64,7 @@ class HttpServer::Impl {
     // The sweepers' timers before the io_contexts they belong to (members go in reverse order
     // of declaration, which would free the contexts first).
     sweepers_.clear();
+    accept_pause_.reset();
     acceptor_.reset();
   }
 
@@ -198,6 +204,19 @@ class HttpServer::Impl {
   }
 
   void do_accept();
+  // With a file size limit (RLIMIT_FSIZE), says that the journal's room counts it too: the
+  // disk may have room while the journal's files can grow no more.
+  static void say_file_size_limit() {
+    rlimit fsize{};
+    if (getrlimit(RLIMIT_FSIZE, &fsize) != 0 || fsize.rlim_cur == RLIM_INFINITY) return;
+    std::fprintf(stderr,
+                 "traincoord: the journal's room counts the file size limit of this process "
+                 "too (RLIMIT_FSIZE: %llu bytes; ulimit -f, or prlimit --pid %d --fsize=... "
+                 "to raise it now)\n",
+                 static_cast<unsigned long long>(fsize.rlim_cur), static_cast<int>(getpid()));
+  }
+  static bool out_of_descriptors(const beast::error_code& ec);
+  void pause_accepting(const beast::error_code& ec);
 
   // TLS 1.2 or newer with OpenSSL's default ciphers; with a client CA, a client without a
   // certificate it signed fails the handshake.
@@ -369,6 +388,7 @@ class HttpServer::Impl {
       if (now - checked >= std::chrono::milliseconds(100) || disk_full_.load()) {
         checked = now;
         const bool low = journal_->low_on_room();
+        if (low && !disk_full_.load()) say_file_size_limit();
         disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
       }
       // All waiting waves in one write: the first wave's batch takes the others'.
@@ -397,8 +417,10 @@ class HttpServer::Impl {
         // was written, and its replies wait. Take no new work, and write it again each second
         // until there is room (or the server stops: then they were never answered).
         if (!disk_full_.exchange(true)) {
-          std::fprintf(stderr, "traincoord: cannot write %s: the disk is full; retrying\n",
-                       journal_->describe().c_str());
+          std::fprintf(stderr,
+                       "traincoord: cannot write %s: the disk is full (%s); taking no new work, "
+                       "retrying each second\n",
+                       journal_->describe().c_str(), r.error().message.c_str());
         }
         std::unique_lock lock(store_mu_);
         if (store_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return store_stopping_; })) {
@@ -440,6 +462,10 @@ class HttpServer::Impl {
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
   std::optional<tcp::acceptor> acceptor_;
+  // Accepting paused for want of descriptors (pause_accepting): the timer, and since when.
+  static constexpr std::chrono::milliseconds kAcceptPause{100};
+  std::optional<asio::steady_timer> accept_pause_;
+  std::optional<std::chrono::steady_clock::time_point> accept_paused_since_;
   std::optional<ssl::context> tls_;
   size_t next_io_ = 0;
   std::vector<std::thread> threads_;
@@ -729,6 +755,21 @@ void HttpServer::Impl::do_accept() {
   const size_t which = next_io_++ % ios_.size();
   acceptor_->async_accept(*ios_[which], [this, which](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_->is_open()) return;
+    if (out_of_descriptors(ec)) {
+      // The connection waits in the listen backlog; accepting again at once would fail again
+      // at once (a busy loop that starves every connection open). Pause until some close.
+      pause_accepting(ec);
+      return;
+    }
+    if (!ec && accept_paused_since_) {
+      std::fprintf(
+          stderr,
+          "traincoord: accepting connections again (paused %.1f s for want of file "
+          "descriptors)\n",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *accept_paused_since_)
+              .count());
+      accept_paused_since_.reset();
+    }
     if (!ec) {
       if (static_cast<size_t>(connections_.load()) >= options_.max_connections) {
         socket.close(ec);  // over --max-connections: refused at once, costs nothing
@@ -749,6 +790,38 @@ void HttpServer::Impl::do_accept() {
         }
       }
     }
+    do_accept();
+  });
+}
+
+bool HttpServer::Impl::out_of_descriptors(const beast::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
+         ec == asio::error::no_memory ||
+         (ec.category() == asio::error::get_system_category() && ec.value() == ENFILE);
+}
+
+// Out of file descriptors (EMFILE, ENFILE) or kernel memory: accepting waits kAcceptPause
+// before it tries again, so that the connections open are still served (and the idle ones
+// time out and free theirs). Said once per episode, not per try.
+void HttpServer::Impl::pause_accepting(const beast::error_code& ec) {
+  if (!accept_paused_since_) {
+    accept_paused_since_ = std::chrono::steady_clock::now();
+    rlimit nofile{};
+    const bool known = getrlimit(RLIMIT_NOFILE, &nofile) == 0;
+    std::fprintf(stderr,
+                 "traincoord: cannot accept a connection: %s (%lld connections open, file "
+                 "descriptor limit %s); pausing new connections, trying again every %lld ms until "
+                 "some close (raise the limit: ulimit -n, LimitNOFILE=; or lower "
+                 "--max-connections, --idle-timeout)\n",
+                 ec.message().c_str(), static_cast<long long>(connections_.load()),
+                 known && nofile.rlim_cur != RLIM_INFINITY
+                     ? std::to_string(static_cast<unsigned long long>(nofile.rlim_cur)).c_str()
+                     : "unknown",
+                 static_cast<long long>(kAcceptPause.count()));
+  }
+  accept_pause_->expires_after(kAcceptPause);
+  accept_pause_->async_wait([this](beast::error_code waited) {
+    if (waited || !acceptor_->is_open()) return;
     do_accept();
   });
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -684,7 +685,30 @@ Store::~Store() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // (last: the data dir is free once all is closed)
 }
 
-uint64_t Store::free_bytes() const { return free_bytes_at(options_.dir); }
+namespace {
+
+// What the database or its WAL may still grow by under the process's file size limit
+// (RLIMIT_FSIZE, ulimit -f); UINT64_MAX without one.
+uint64_t room_under_file_size_limit(const std::string& db_path) {
+  rlimit fsize{};
+  if (getrlimit(RLIMIT_FSIZE, &fsize) != 0 || fsize.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  uint64_t largest = 0;
+  for (const std::string& file : {db_path, db_path + "-wal"}) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) == 0) {
+      largest = std::max(largest, static_cast<uint64_t>(st.st_size));
+    }
+  }
+  const uint64_t limit = static_cast<uint64_t>(fsize.rlim_cur);
+  return limit > largest ? limit - largest : 0;
+}
+
+}  // namespace
+
+uint64_t Store::free_bytes() const {
+  // A file grows no further than the file size limit: that is room too.
+  return std::min(free_bytes_at(options_.dir), room_under_file_size_limit(path_));
+}
 
 // The head file: "traincoord head " and the last committed log row's number, with a checksum
 // of both (24 bytes). Written in place after each commit, not synced: after a power loss it
@@ -1103,8 +1127,20 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
   if (batch.empty()) return {};
   auto rollback = [&](Error e) -> Result<void> {
     // SQLITE_FULL: a write found no space (ENOSPC); nothing of the batch is kept, and it may
-    // be written again later. Anything else (an fsync error above all) is not retried.
-    last_write_full_ = sqlite3_errcode(db_.raw()) == SQLITE_FULL;
+    // be written again later. So with EFBIG: the file reached the process's size limit
+    // (RLIMIT_FSIZE, ulimit -f; SIGXFSZ is ignored by serve), which SQLite reports as an I/O
+    // error. Anything else (an fsync error above all) is not retried.
+    const int code = sqlite3_errcode(db_.raw());
+    // (SQLite may report another errno than the write's EFBIG: a file at the limit says it.)
+    const bool too_big =
+        (code & 0xff) == SQLITE_IOERR && (sqlite3_system_errno(db_.raw()) == EFBIG ||
+                                          room_under_file_size_limit(path_) < (1u << 20));
+    last_write_full_ = code == SQLITE_FULL || too_big;
+    if (too_big) {
+      e.message +=
+          " (a file of the journal reached the size limit of this process, "
+          "RLIMIT_FSIZE: ulimit -f; raise it)";
+    }
     (void)db_.exec("ROLLBACK");  // dropped: the error returned is the one to report
     return tl::unexpected(std::move(e));
   };

@@ -129,7 +129,8 @@ class Store final : public Journal {
   // What open() found that the operator must hear of (lost commits), once.
   std::vector<std::string> take_notices() override { return std::move(notices_); }
   std::string describe() const override { return path_; }
-  // Free bytes on the data dir's disk, and whether that is below min_free_bytes.
+  // Free bytes on the data dir's disk (no more than the journal's files may still grow under
+  // the process's file size limit, RLIMIT_FSIZE), and whether that is below min_free_bytes.
   uint64_t free_bytes() const;
   bool low_on_room() const override { return free_bytes() < options_.min_free_bytes; }
   uint64_t reserve_bytes() const override { return options_.min_free_bytes; }
