@@ -822,6 +822,7 @@ class Run:
         failing_since = None
         backoff = 0.1
         while True:
+            attempt_started = time.monotonic()
             try:
                 status, data = conn.request(method, path, body, self.timeout + extra)
                 if status < 500:
@@ -843,7 +844,7 @@ class Run:
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
             now = time.monotonic()
-            failing_since = failing_since or now
+            failing_since = failing_since or attempt_started  # the first failing attempt began
             window = self.give_up_after if self._reached else self.first_contact_timeout
             if conn.give_up_after is not None:
                 window = min(window, conn.give_up_after)
