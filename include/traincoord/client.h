@@ -66,8 +66,8 @@ struct Options {
   std::chrono::milliseconds connect_timeout{5'000};
   // One request, on top of a long poll: its whole reply must come within it.
   std::chrono::milliseconds request_timeout{30'000};
-  std::chrono::milliseconds long_poll{20'000};        // how long the server may hold an acquire
-  std::chrono::milliseconds give_up_after{300'000};   // unreachable this long: the call fails
+  std::chrono::milliseconds long_poll{20'000};       // how long the server may hold an acquire
+  std::chrono::milliseconds give_up_after{300'000};  // unreachable this long: the call fails
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5'000};
   // A reply larger than this is refused (bad_reply) without being read whole.

@@ -746,15 +746,15 @@ class Run:
         status = _field(reply, "status", "str")
         if status == "job":
             j = job if job is not None else _field(reply, "job", "object")
+            fields = (_field(j, "lease", "int"), _field(j, "attempt", "int"),
+                      _field(j, "set", "str"), _field(j, "epoch", "int"),
+                      _field(j, "index", "int"), _field(j, "jobs_in_epoch", "int"))
             batches = _field(j, "batches", "list")
             if not all(isinstance(b, int) and not isinstance(b, bool) for b in batches):
                 raise BadReply(f"the reply to {getattr(j, '_where', 'a request')} has field "
                                f"{_join(getattr(j, '_path', ''), 'batches')!r} that holds a "
                                f"value that is not a batch number: {_show(batches)}")
-            job = Job(_field(j, "lease", "int"), _field(j, "attempt", "int"),
-                      _field(j, "set", "str"), _field(j, "epoch", "int"),
-                      _field(j, "index", "int"), _field(j, "jobs_in_epoch", "int"),
-                      list(batches), _run=self)
+            job = Job(*fields, list(batches), _run=self)
             with self._lock:
                 self._held.add(job.lease)
             return job

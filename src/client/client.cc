@@ -9,10 +9,9 @@
 #include <cctype>
 #include <cmath>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -159,8 +158,7 @@ class Connection {
  public:
   // `tls`: required (and only used) when the endpoint is https.
   Connection(Endpoint endpoint, milliseconds connect_timeout, std::string token = "",
-             std::shared_ptr<ssl::context> tls = nullptr,
-             size_t max_reply_bytes = kMaxReplyBytes)
+             std::shared_ptr<ssl::context> tls = nullptr, size_t max_reply_bytes = kMaxReplyBytes)
       : endpoint_(std::move(endpoint)),
         connect_timeout_(connect_timeout),
         token_(std::move(token)),
@@ -201,35 +199,37 @@ class Connection {
     // One deadline for the write and every read: the stream's timer is a point in time, kept
     // until it is set again.
     lowest().expires_after(timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     with_stream([&](auto& stream) {
-      // Reads replies until a final one (an interim 1xx reply is followed by another).
-      std::function<void()> read_reply = [&] {
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) { result = ec; });
+      io_.restart();
+      io_.run();
+      // Reads replies until a final one: an interim 1xx reply is followed by another. The
+      // deadline is checked between reads too: the stream's timer alone does not fire while
+      // every read completes at once (bytes that never stop coming).
+      while (!result) {
         parser.emplace();
         parser->header_limit(64 * 1024);
         parser->body_limit(max_reply_bytes_);
-        http::async_read(stream, buffer_, *parser, [&](beast::error_code ec, size_t) {
-          if (!ec && parser->get().result_int() / 100 == 1) {
-            read_reply();
-            return;
+        while (!result && !parser->is_done()) {
+          if (std::chrono::steady_clock::now() >= deadline) {
+            result = beast::error::timeout;
+            break;
           }
-          result = ec;
-        });
-      };
-      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
-        if (ec) {
-          result = ec;
-          return;
+          http::async_read_some(stream, buffer_, *parser,
+                                [&](beast::error_code ec, size_t) { result = ec; });
+          io_.restart();
+          io_.run();
         }
-        read_reply();
-      });
-      io_.restart();
-      io_.run();  // read_reply lives until every operation it started is done
+        if (result || parser->get().result_int() / 100 != 1) break;
+      }
     });
     if (result) {
       close();
       if (result == http::error::body_limit || result == http::error::header_limit) {
         return tl::unexpected(ClientError{
-            0, std::string(codes::kBadReply),
+            0,
+            std::string(codes::kBadReply),
             "the reply to " + what + " from " + endpoint_.host + ":" + endpoint_.port +
                 " is larger than the client reads (" +
                 (result == http::error::body_limit
@@ -409,9 +409,8 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
   if (!tls) return tl::unexpected(tls.error());
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
   w->tls_ = *tls;
-  w->connection_ = std::make_unique<Connection>(*endpoint, w->options_.connect_timeout,
-                                                w->options_.token, *tls,
-                                                w->options_.max_reply_bytes);
+  w->connection_ = std::make_unique<Connection>(
+      *endpoint, w->options_.connect_timeout, w->options_.token, *tls, w->options_.max_reply_bytes);
   if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
   if (w->options_.heartbeats) {
     w->heartbeats_ = std::make_unique<Heartbeats>();
@@ -468,17 +467,15 @@ Result<std::string> with_retries(Connection& connection, const Options& options,
     if (!res && res.error().code != codes::kUnreachable) return tl::unexpected(res.error());
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
-      return tl::unexpected(
-          reply::error(res->status, res->body, what, res->reason, res->location));
+      return tl::unexpected(reply::error(res->status, res->body, what, res->reason, res->location));
     }
-    error = res ? reply::error(res->status, res->body, what, res->reason, res->location)
-                : res.error();
+    error =
+        res ? reply::error(res->status, res->body, what, res->reason, res->location) : res.error();
     const auto now = std::chrono::steady_clock::now();
     // Failing since the first failed attempt began: the time stated is the time it tried.
     if (!failing_since) failing_since = attempt_started;
     if (now - *failing_since >= first_failure_limit) {
-      error.message = "the coordinator at " + options.url + " has not answered " + what +
-                      " for " +
+      error.message = "the coordinator at " + options.url + " has not answered " + what + " for " +
                       seconds_text(std::chrono::duration_cast<milliseconds>(now - *failing_since)) +
                       " (give_up_after " + seconds_text(options.give_up_after) +
                       "); giving up (last error: " + error.message + ")";

@@ -223,9 +223,9 @@ Result<Registration> registration(const std::string& body, std::string_view what
     out.worker = r.uint32(*top, "", "worker");
     if (r.has(*top, "heartbeat_interval_ms")) {
       // Bounded both ways: 0 must not make a busy loop of heartbeats.
-      out.heartbeat_interval_ms = std::clamp<int64_t>(r.int64(*top, "", "heartbeat_interval_ms"),
-                                                      kHeartbeatIntervalMin.count(),
-                                                      kHeartbeatIntervalMax.count());
+      out.heartbeat_interval_ms =
+          std::clamp<int64_t>(r.int64(*top, "", "heartbeat_interval_ms"),
+                              kHeartbeatIntervalMin.count(), kHeartbeatIntervalMax.count());
     }
     if (r.has(*top, "generation")) out.generation = r.uint64(*top, "", "generation");
     if (r.has(*top, "group_state")) {

@@ -23,9 +23,9 @@ struct Registration {
   // When present: what the coordinator asked for, kept within [kHeartbeatIntervalMin,
   // kHeartbeatIntervalMax] (0 or less reads as the minimum).
   std::optional<int64_t> heartbeat_interval_ms;
-  uint64_t generation = 0;                       // 0 from a coordinator without groups
-  bool restore_required = false;                 // "group_state": "restore_required"
-  std::optional<uint64_t> latest_cut;            // "latest_cut": N (absent or null: none)
+  uint64_t generation = 0;             // 0 from a coordinator without groups
+  bool restore_required = false;       // "group_state": "restore_required"
+  std::optional<uint64_t> latest_cut;  // "latest_cut": N (absent or null: none)
 };
 
 // An acquire's answer: the reply to POST .../acquire, or the "next" of a completion reply.

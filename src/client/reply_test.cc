@@ -166,8 +166,9 @@ TEST(Reply, AnErrorReplyGivesItsCodeAndFieldOrTheStatusWhenItIsNotJson) {
   EXPECT_FALSE(reply::unregistered(e));
   auto plain = reply::error(502, "<html>bad gateway</html>", "GET /v1/runs/r", "Bad Gateway");
   EXPECT_EQ(plain.code, "http_502");
-  EXPECT_EQ(plain.message, "GET /v1/runs/r was answered HTTP 502 Bad Gateway: <html>bad "
-                           "gateway</html>");
+  EXPECT_EQ(plain.message,
+            "GET /v1/runs/r was answered HTTP 502 Bad Gateway: <html>bad "
+            "gateway</html>");
   auto odd = reply::error(404, R"({"error": {"code": 7, "message": ["x"]}})", "GET /x");
   EXPECT_EQ(odd.code, "http_404");
   EXPECT_FALSE(reply::forgotten(odd));  // a 404 without a code is not a forgotten lease

@@ -7,8 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fcntl.h>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -64,7 +64,8 @@ class HostileServer {
       const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 1);
       dup2(fd, 2);
-      const std::string script = std::string(TRAINCOORD_SOURCE_DIR) + "/tests/hostile/hostile_server.py";
+      const std::string script =
+          std::string(TRAINCOORD_SOURCE_DIR) + "/tests/hostile/hostile_server.py";
       execl("/usr/bin/python3", "python3", script.c_str(), mode.c_str(), nullptr);
       _exit(127);
     }
@@ -260,8 +261,7 @@ TEST(HostileServer, TheBinariesSayWhatHappenedAndToWhichRequest) {
                               "http://127.0.0.1:9/elsewhere"),
               std::string::npos)
         << status.err;
-    const Ran worker =
-        run_command({EXAMPLE_WORKER_BIN, "--url", server.url(), "--run", "r"}, 60);
+    const Ran worker = run_command({EXAMPLE_WORKER_BIN, "--url", server.url(), "--run", "r"}, 60);
     EXPECT_NE(worker.err.find("POST /v1/runs/r/workers was answered HTTP 302"), std::string::npos)
         << worker.err;
   }
