@@ -5,7 +5,8 @@ way its mode says, and logs each request it reads to stdout ("request METHOD PAT
     hostile_server.py MODE [--drip-s 2] [--depth 200000] [--size 314572800]
 
 It listens on a free loopback port and prints "port N" as its first line. It runs until it is
-killed (the tests stop it by its PID, also when they fail). Modes:
+killed (the tests stop it by its PID, also when they fail), or until the process that started
+it is gone. Modes:
 
   nested       200 with {"worker": 1, "x": [[[...]]]} nested --depth deep
   huge         200 with a Content-Length of --size bytes, sent as fast as the client reads
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -141,6 +143,15 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=300 << 20)
     args = parser.parse_args()
+    # Never outlive the test that started it, even one killed before it could stop us.
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
     listener = socket.create_server(("127.0.0.1", 0))
     print(f"port {listener.getsockname()[1]}", flush=True)
 
