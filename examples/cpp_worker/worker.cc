@@ -47,11 +47,14 @@ int main(int argc, char** argv) {
   }
   options.give_up_after = std::chrono::milliseconds(static_cast<int64_t>(give_up_s * 1000));
 
-  auto worker = traincoord::client::Worker::connect(options);
-  if (!worker) {
-    std::cerr << "example_worker: " << worker.error().message << "\n";
+  // Every failure names the coordinator, what happened (the client's message names the
+  // request) and the code a program would decide on.
+  auto report = [&](const traincoord::client::ClientError& e) {
+    std::cerr << "example_worker: " << options.url << ": " << e.message << " (" << e.code << ")\n";
     return 1;
-  }
+  };
+  auto worker = traincoord::client::Worker::connect(options);
+  if (!worker) return report(worker.error());
   auto& w = **worker;
   // A synthetic loss that falls with the epoch: enough to watch a loss curve move.
   auto train = [&](const traincoord::client::Job& j) {
@@ -85,11 +88,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < outcomes.size() && i < sent.size(); ++i) {
       if (outcomes[i].counted) print_accepted(sent[i]);
     }
-    if (!job || !closed) {
-      std::cerr << "example_worker: " << (!job ? job.error().message : closed.error().message)
-                << "\n";
-      return 1;
-    }
+    if (!job || !closed) return report(!job ? job.error() : closed.error());
     std::cout << "finished: " << w.finished()->state << ": " << w.finished()->reason << std::endl;
     return 0;
   }
@@ -106,10 +105,7 @@ int main(int argc, char** argv) {
     ++completed;
     job = std::move(next);
   }
-  if (!job) {
-    std::cerr << "example_worker: " << job.error().message << "\n";
-    return 1;
-  }
+  if (!job) return report(job.error());
   std::cout << "finished: " << w.finished()->state << ": " << w.finished()->reason << std::endl;
   return 0;
 }

@@ -22,6 +22,13 @@
 // Guarantees: every call has a timeout; a coordinator that is down or restarting is retried
 // with exponential backoff and jitter until `give_up_after`, then the call fails with a clear
 // error; leases are kept alive by a background heartbeat thread. Nothing blocks forever.
+//
+// Against a broken or hostile server: each request gets its whole reply within its timeout (a
+// total deadline, however slowly the bytes come, interim "100 Continue" replies included), and
+// reads at most Options::max_reply_bytes of it; replies are parsed without recursion (any
+// depth); the heartbeat interval the coordinator asks for is kept within
+// [kHeartbeatIntervalMin, kHeartbeatIntervalMax]. Every failure is a ClientError whose message
+// names the request (or the url) and what happened.
 #pragma once
 
 #include <atomic>
@@ -46,16 +53,25 @@ namespace reply {
 struct Acquired;  // src/client/reply.h
 }
 
+// The largest reply the client reads by default (Options::max_reply_bytes, and get()/post()).
+inline constexpr size_t kMaxReplyBytes = size_t{64} << 20;  // 64 MiB
+// The bounds of the heartbeat interval a coordinator may ask for (heartbeat_interval_ms).
+inline constexpr std::chrono::milliseconds kHeartbeatIntervalMin{100};
+inline constexpr std::chrono::milliseconds kHeartbeatIntervalMax{60'000};
+
 struct Options {
   std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT, or https://HOST:PORT (TLS)
   std::string run;                            // the run to work on
   std::string worker_name;                    // stable name; default HOSTNAME-PID
   std::chrono::milliseconds connect_timeout{5'000};
-  std::chrono::milliseconds request_timeout{30'000};  // one request, on top of a long poll
-  std::chrono::milliseconds long_poll{20'000};        // how long the server may hold an acquire
-  std::chrono::milliseconds give_up_after{300'000};   // unreachable this long: the call fails
+  // One request, on top of a long poll: its whole reply must come within it.
+  std::chrono::milliseconds request_timeout{30'000};
+  std::chrono::milliseconds long_poll{20'000};       // how long the server may hold an acquire
+  std::chrono::milliseconds give_up_after{300'000};  // unreachable this long: the call fails
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5'000};
+  // A reply larger than this is refused (bad_reply) without being read whole.
+  size_t max_reply_bytes = kMaxReplyBytes;
   bool heartbeats = true;  // extend leases from a background thread
   // The bearer token (a run's worker token), when the coordinator needs one. Empty: taken
   // from $TRAINCOORD_TOKEN, or read from the file $TRAINCOORD_TOKEN_FILE, if set.
@@ -79,7 +95,9 @@ struct ClientError {
   // What a program decides on (never on `message`): the coordinator's error code (docs/API.md
   // lists them all; `codes` below names those a worker meets), or one of the client's own:
   // "unreachable" (retried until give_up_after), "tls" (the TLS handshake failed: a certificate
-  // that does not verify; not retried), "bad_reply" (a reply without the fields it must have).
+  // that does not verify; not retried), "bad_reply" (a reply without the fields it must have,
+  // with one of another type, not JSON, or larger than max_reply_bytes; not retried), or
+  // "http_STATUS" (a reply without the coordinator's error object: a redirect, a proxy).
   std::string code;
   std::string message;
   std::string field;  // for invalid_argument: the offending field
@@ -417,13 +435,15 @@ class SampleOrder {
 
 // One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or
 // the error. No retries. An https:// url takes its TLS files from the environment (above).
+// `timeout` bounds the connection and, separately, the whole reply; a reply over
+// `max_reply_bytes` is a bad_reply.
 Result<std::string> get(const std::string& url, const std::string& path,
                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
-                        const std::string& token = "");
+                        const std::string& token = "", size_t max_reply_bytes = kMaxReplyBytes);
 // One POST of a JSON body: the body of a 200 or 201, or the error. No retries.
 Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
                          std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
-                         const std::string& token = "");
+                         const std::string& token = "", size_t max_reply_bytes = kMaxReplyBytes);
 
 // The token from $TRAINCOORD_TOKEN, or the first line of the file $TRAINCOORD_TOKEN_FILE; empty
 // when neither is set.

@@ -139,7 +139,7 @@ def test_a_reply_without_a_field_it_must_have_is_a_clear_error(fake):
     with pytest.raises(traincoord.CoordinatorError) as e:
         run.next_job()
     assert e.value.code == traincoord.BAD_REPLY
-    assert "POST /v1/runs/r/acquire" in e.value.message and "'set'" in e.value.message
+    assert "POST /v1/runs/r/acquire" in e.value.message and "'job.set'" in e.value.message
 
 
 def test_a_reply_that_is_not_json_is_a_clear_error(fake):

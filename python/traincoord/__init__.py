@@ -27,6 +27,7 @@ from .client import (
     RUN_NOT_FOUND,
     STALE_GENERATION,
     WORKER_NOT_REGISTERED,
+    BadReply,
     CoordinatorError,
     Finished,
     Job,
@@ -35,7 +36,7 @@ from .client import (
     Unreachable,
 )
 
-__all__ = ["CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
+__all__ = ["BadReply", "CoordinatorError", "Finished", "Job", "JobFeed", "Run", "Unreachable",
            "BAD_REPLY", "LEASE_NOT_YOURS", "LEASE_UNKNOWN", "RUN_NOT_FOUND",
            "WORKER_NOT_REGISTERED", "STALE_GENERATION", "RESTORE_REQUIRED", "RESTORE_CONFLICT", "CUT_NOT_FOUND",
            "CUT_INCOMPLETE", "CUT_MISMATCH", "LEASE_NOT_HELD", "GROUP_MISMATCH"]

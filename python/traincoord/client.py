@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import http.client
+import io
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ RUN_NOT_FOUND = "run_not_found"
 WORKER_NOT_REGISTERED = "worker_not_registered"  # the coordinator forgot us: register again
 LEASE_UNKNOWN = "lease_unknown"  # a lease the coordinator never issued (or forgot)
 LEASE_NOT_YOURS = "lease_not_yours"
-BAD_REPLY = "bad_reply"  # (the client's own) a reply without a field it must have
+BAD_REPLY = "bad_reply"  # (the client's own) a reply without a field it must have, or too big
 # Checkpoint cuts and groups (docs/PYTHON.md, "Checkpoints: state_dict and restore").
 STALE_GENERATION = "stale_generation"  # a newer group took the run over: stop this process
 RESTORE_REQUIRED = "restore_required"  # the run has cuts: restore one (or start fresh) first
@@ -41,6 +42,14 @@ LEASE_NOT_HELD = "lease_not_held"  # a cut part names a lease that is not live a
 # The coordinator restarted without its state and no longer knows the worker or the lease: a
 # completion is lost and its job will be handed out again.
 _FORGOTTEN = (WORKER_NOT_REGISTERED, LEASE_UNKNOWN)
+
+# The largest reply the client reads (Run(max_reply_bytes=...)): a longer one is refused with
+# BadReply before it is read whole. A run's status grows with its epochs and workers.
+MAX_REPLY_BYTES = 64 << 20
+# The coordinator says how often to heartbeat (heartbeat_interval_ms); the client keeps it
+# within these bounds, so that a coordinator cannot make it send heartbeats in a busy loop.
+HEARTBEAT_INTERVAL_MIN_S = 0.1
+HEARTBEAT_INTERVAL_MAX_S = 60.0
 
 
 class CoordinatorError(Exception):
@@ -59,30 +68,125 @@ class CoordinatorError(Exception):
         self.field = field
 
 
+class BadReply(CoordinatorError):
+    """A reply the client cannot use (code ``bad_reply``): not JSON, nested too deep, larger
+    than ``max_reply_bytes``, or lacking a field or holding one of another type. The message
+    names the request and the field."""
+
+    def __init__(self, message: str, status: int = 200) -> None:
+        super().__init__(message, status, BAD_REPLY)
+
+
 class _Reply(dict):
-    """A reply's JSON object: a field it lacks raises CoordinatorError(code="bad_reply") naming
-    the request and the field, instead of a bare KeyError (a coordinator of another version, or
-    something else listening at the URL)."""
+    """A reply's JSON object: a field it lacks raises BadReply (code="bad_reply") naming the
+    request and the field, instead of a bare KeyError (a coordinator of another version, or
+    something else listening at the URL). _field() reads a field of a given type."""
 
     def __init__(self, fields: dict, where: str) -> None:
         super().__init__(fields)
         self._where = where
+        self._path = ""
 
     def __missing__(self, key: str) -> Any:
-        raise CoordinatorError(f"the reply to {self._where} lacks field {key!r} (is the "
-                               f"coordinator of another version?): {json.dumps(self)[:200]}",
-                               code=BAD_REPLY)
+        raise BadReply(f"the reply to {self._where} lacks field {_join(self._path, key)!r} (is "
+                       f"the coordinator of another version?): {_show(self)}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    """A short picture of a value for a message (never the whole of a large one)."""
+    text = json.dumps(value) if not isinstance(value, (dict, list)) or len(value) < 50 else ""
+    return text[:200] if text else f"a {type(value).__name__} of {len(value)} items"
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+}
+
+
+def _field(reply: Mapping[str, Any], key: str, kind: str, optional: bool = False) -> Any:
+    """reply[key], checked to be of `kind` ("int", "number", "str", "bool", "object", "list");
+    raises BadReply naming the request and the field otherwise. optional: absent or null is
+    None. An object read this way knows its path, for the messages of its own fields."""
+    where = getattr(reply, "_where", "a request")
+    name = _join(getattr(reply, "_path", ""), key)
+    if not isinstance(reply, dict):
+        raise BadReply(f"the reply to {where} has {name.rsplit('.', 1)[0]!r} that is not an "
+                       f"object: {_show(reply)}")
+    if key not in reply or (optional and reply[key] is None):
+        if optional:
+            return None
+        raise BadReply(f"the reply to {where} lacks field {name!r} (is the coordinator of "
+                       f"another version?): {_show(reply)}")
+    value = reply[key]
+    check, expected = _KINDS[kind]
+    if not check(value):
+        raise BadReply(f"the reply to {where} has field {name!r} that is not {expected}: "
+                       f"{_show(value)}")
+    if isinstance(value, _Reply):
+        value._path = name
+    return value
+
+
+def _objects(reply: Mapping[str, Any], key: str) -> list[Any]:
+    """reply[key], a list of objects (each knows its path, "jobs[2]")."""
+    items = _field(reply, key, "list")
+    name = _join(getattr(reply, "_path", ""), key)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadReply(f"the reply to {getattr(reply, '_where', 'a request')} has field "
+                           f"'{name}[{i}]' that is not an object: {_show(item)}")
+        if isinstance(item, _Reply):
+            item._path = f"{name}[{i}]"
+    return items
 
 
 def _parse_reply(data: bytes, where: str) -> Any:
     try:
         reply = json.loads(data, object_hook=lambda fields: _Reply(fields, where)) if data else {}
+    except RecursionError:
+        raise BadReply(f"the reply to {where} is nested too deep to read "
+                       f"({len(data)} bytes)") from None
     except (ValueError, UnicodeDecodeError):
         reply = None
     if not isinstance(reply, dict):
-        raise CoordinatorError(f"the reply to {where} is not a JSON object: "
-                               f"{data[:200].decode(errors='replace')}", code=BAD_REPLY)
+        raise BadReply(f"the reply to {where} is not a JSON object: "
+                       f"{data[:200].decode(errors='replace')}")
     return reply
+
+
+def _refusal(method: str, path: str, status: int, reason: str, location: str | None,
+             data: bytes) -> CoordinatorError:
+    """The error a reply of status 3xx or 4xx carries: the coordinator's {"error": {"code",
+    "message", "field"}}, or, when the body is not that (a proxy, a redirect, another server),
+    the code http_STATUS with a message naming the request and what came back."""
+    try:
+        reply = json.loads(data) if data else {}
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        reply = {}
+    err = reply.get("error") if isinstance(reply, dict) else None
+    err = err if isinstance(err, dict) else {}
+    code, text, field_name = (err.get(k) for k in ("code", "message", "field"))
+    code = code if isinstance(code, str) and code else f"http_{status}"
+    field_name = field_name if isinstance(field_name, str) else ""
+    if isinstance(text, str) and text:
+        return CoordinatorError(text, status, code, field_name)
+    message = f"{method} {path} was answered HTTP {status} {reason}".rstrip()
+    if location:
+        message += f", to {location[:200]} (the client follows no redirects: give the " \
+                   "coordinator's own URL)"
+    body = data[:200].decode(errors="replace")
+    if body:
+        message += f": {body}"
+    return CoordinatorError(message, status, code, field_name)
 
 
 class Unreachable(CoordinatorError):
@@ -178,18 +282,65 @@ def _json_number(x: float) -> float | None:
     return x if math.isfinite(x) else None  # a non-finite loss travels as null
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read given only the time left before the request's deadline: a
+    reply dripped a byte at a time, or interim replies without end, stop at the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, what: str) -> None:
+        super().__init__()
+        self._sock, self._deadline, self._what = sock, deadline, what
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(self._what)
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        except socket.timeout:
+            raise TimeoutError(self._what) from None
+
+
+class _DeadlineSocket:
+    """What http.client.HTTPResponse reads a reply from: the socket, under a deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, what: str) -> None:
+        self._reader = _DeadlineReader(sock, deadline, what)
+
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(self._reader)
+
+
 class _Connection:
-    """One keep-alive HTTP connection with timeouts; reopened after any failure."""
+    """One keep-alive HTTP connection with timeouts; reopened after any failure. A request
+    gets its whole reply within its timeout (a total deadline, not one per read), and at most
+    max_reply_bytes of it."""
 
     def __init__(self, host: str, port: int, timeout: float, token: str = "",
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         self.host, self.port, self.timeout = host, port, timeout
         self.token, self.tls = token, tls
+        self.max_reply_bytes = max_reply_bytes
         self.conn: http.client.HTTPConnection | None = None
         self.give_up_after: float | None = None  # overrides the run's (e.g. while closing)
+        self.reason = ""  # of the last reply: its reason phrase and Location header
+        self.location: str | None = None
 
-    def request(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: Any,
+                timeout: float) -> tuple[int, bytes | bytearray]:
+        """(status, body) of one request: raises TimeoutError when the whole reply has not
+        come within `timeout` seconds, BadReply when it is larger than max_reply_bytes."""
         data = json.dumps(body).encode() if body is not None else None
+        deadline = time.monotonic() + timeout
+        what = (f"no complete reply to {method} {path} from {self.host}:{self.port} within "
+                f"the request's deadline of {timeout:g} s")
+
+        def response_class(sock: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            return http.client.HTTPResponse(_DeadlineSocket(sock, deadline, what), *args,
+                                            **kwargs)
         for attempt in range(2):  # a kept-alive connection may have been closed by the server
             if self.conn is None:
                 if self.tls is not None:
@@ -205,14 +356,16 @@ class _Connection:
                                            code="tls") from None
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.conn = conn
-            self.conn.sock.settimeout(timeout)
+            self.conn.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            self.conn.response_class = response_class
             try:
                 headers = {"Content-Type": "application/json"} if data is not None else {}
                 if self.token:
                     headers["Authorization"] = f"Bearer {self.token}"
                 self.conn.request(method, path, body=data, headers=headers)
                 response = self.conn.getresponse()
-                return response.status, response.read()
+                self.reason, self.location = response.reason, response.getheader("Location")
+                return response.status, self._read_body(response, method, path)
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 self.close()
                 if attempt == 1:
@@ -221,6 +374,23 @@ class _Connection:
                 self.close()
                 raise
         raise AssertionError("unreachable")
+
+    def _read_body(self, response: http.client.HTTPResponse, method: str,
+                   path: str) -> bytes | bytearray:
+        cap = self.max_reply_bytes
+        too_large = (f"the reply to {method} {path} is larger than the client reads "
+                     f"({cap / (1 << 20):g} MiB; Run(max_reply_bytes=...) sets it)")
+        length = response.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > cap:
+            raise BadReply(f"{too_large}: it announces {int(length)} bytes", response.status)
+        # In pieces into one buffer: read(cap) of a chunked body would hold it twice.
+        data = bytearray()
+        while len(data) <= cap:
+            piece = response.read(min(1 << 20, cap + 1 - len(data)))
+            if not piece:
+                return bytes(data) if len(data) < (1 << 20) else data
+            data += piece
+        raise BadReply(too_large, response.status)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -248,7 +418,14 @@ class Run:
     once it has answered, e.g. across its restart). group: the group (one start of a training
     job: its ranks) this worker belongs to, sent on every request; a newer group of the run
     fences this one off (``stale_generation``). None: ungrouped, never fenced (independent
-    workers); ``traincoord.torch.Phases`` sets it (``set_group``).
+    workers); ``traincoord.torch.Phases`` sets it (``set_group``). max_reply_bytes: the largest
+    reply read (default MAX_REPLY_BYTES, 64 MiB); a larger one is a BadReply.
+
+    Every request gets its whole reply within ``timeout`` seconds (plus ``long_poll`` for an
+    acquire that may wait): a total deadline, not one per read. A reply the client cannot use
+    (not JSON, a field missing or of another type, too large) raises BadReply naming the
+    request and the field; a redirect or an error without the coordinator's error object
+    raises CoordinatorError with the code ``http_STATUS``.
 
     Failed requests are retried with a warning on the ``logging.getLogger("traincoord")``
     logger (the URL and the error).
@@ -259,7 +436,7 @@ class Run:
                  heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None,
                  jobs_per_request: int = 1, first_contact_timeout: float = 10.0,
-                 group: str | None = None) -> None:
+                 group: str | None = None, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
         if parsed.scheme not in ("http", "https") or not parsed.port:
             raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
@@ -278,7 +455,9 @@ class Run:
         self._host, self._port = parsed.hostname, parsed.port
         self._token = token if token is not None else _token_from_environment()
         self._tls = _tls_context(ca_file, cert_file, key_file) if parsed.scheme == "https" else None
-        self._conn = _Connection(self._host, self._port, timeout, self._token, self._tls)
+        self.max_reply_bytes = max_reply_bytes
+        self._conn = _Connection(self._host, self._port, timeout, self._token, self._tls,
+                                 max_reply_bytes)
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._current: Job | None = None
@@ -386,10 +565,10 @@ class Run:
                 return group
 
     def _take_group(self, reply: Mapping[str, Any]) -> list[Job]:
-        if reply["status"] != "job":
+        if _field(reply, "status", "str") != "job":
             self._take(reply)  # finished: say why
             return []
-        return [self._take({"status": "job", "job": j}) for j in reply["jobs"]]
+        return [self._take(reply, j) for j in _objects(reply, "jobs")]
 
     def _complete_group(self, done: list[Job], wait: bool) -> list[Job]:
         for job in done:
@@ -408,10 +587,10 @@ class Run:
             if e.code == WORKER_NOT_REGISTERED:
                 self._register()
             return self._next_group(wait)
-        for job, outcome in zip(done, reply["outcomes"]):
-            job.outcome = outcome["outcome"]
+        for job, outcome in zip(done, _objects(reply, "outcomes")):
+            job.outcome = _field(outcome, "outcome", "str")
             job._sent = True
-        group = self._take_group(reply["next"])
+        group = self._take_group(_field(reply, "next", "object"))
         if not group and reply["next"]["status"] == "wait" and wait:
             return self._next_group(wait)
         return group
@@ -466,7 +645,7 @@ class Run:
         if not jobs:
             return 0
         reply = self._post("release", {"worker": self.id, "leases": [j.lease for j in jobs]})
-        return int(reply["released"])
+        return _field(reply, "released", "int")
 
     # ---- groups, checkpoint cuts and restores (docs/PYTHON.md, "Checkpoints") ---------------
 
@@ -517,7 +696,7 @@ class Run:
         with self._lock:
             self._held.clear()  # voided
         self.group_state = "current"
-        self.generation = int(reply["generation"])
+        self.generation = _field(reply, "generation", "int")
         return reply
 
     def _require_group(self, what: str) -> None:
@@ -561,22 +740,43 @@ class Run:
 
     def _register(self, conn: "_Connection | None" = None) -> None:
         reply = self._post("workers", {"name": self.worker}, registering=True, conn=conn)
-        self.id = reply["worker"]
-        self.heartbeat_interval = reply["heartbeat_interval_ms"] / 1000.0
-        self.group_state = reply.get("group_state") if self.group else None
-        self.generation = int(reply.get("generation", 0))
-        self.latest_cut = reply.get("latest_cut")
+        worker = _field(reply, "worker", "int")
+        interval = _field(reply, "heartbeat_interval_ms", "number") / 1000.0
+        group_state = _field(reply, "group_state", "str", optional=True)
+        generation = _field(reply, "generation", "int", optional=True) or 0
+        latest_cut = _field(reply, "latest_cut", "int", optional=True)
+        self.id = worker
+        # Bounded: a coordinator asking for 0 ms must not get a busy loop of heartbeats.
+        self.heartbeat_interval = min(max(interval, HEARTBEAT_INTERVAL_MIN_S),
+                                      HEARTBEAT_INTERVAL_MAX_S)
+        self.group_state = group_state if self.group else None
+        self.generation = generation
+        self.latest_cut = latest_cut
 
-    def _take(self, reply: Mapping[str, Any]) -> Job | None:
-        if reply["status"] == "job":
-            j = reply["job"]
-            job = Job(j["lease"], j["attempt"], j["set"], j["epoch"], j["index"],
-                      j["jobs_in_epoch"], list(j["batches"]), _run=self)
+    def _take(self, reply: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> Job | None:
+        """The job of an acquire's answer `reply` (or its item `job` of a list), held; None
+        for "wait" and "finished" (then self.finished says how)."""
+        status = _field(reply, "status", "str")
+        if status == "job":
+            j = job if job is not None else _field(reply, "job", "object")
+            fields = (_field(j, "lease", "int"), _field(j, "attempt", "int"),
+                      _field(j, "set", "str"), _field(j, "epoch", "int"),
+                      _field(j, "index", "int"), _field(j, "jobs_in_epoch", "int"))
+            batches = _field(j, "batches", "list")
+            if not all(isinstance(b, int) and not isinstance(b, bool) for b in batches):
+                raise BadReply(f"the reply to {getattr(j, '_where', 'a request')} has field "
+                               f"{_join(getattr(j, '_path', ''), 'batches')!r} that holds a "
+                               f"value that is not a batch number: {_show(batches)}")
+            job = Job(*fields, list(batches), _run=self)
             with self._lock:
                 self._held.add(job.lease)
             return job
-        if reply["status"] == "finished":
-            self.finished = Finished(reply["state"], reply["reason"])
+        if status == "finished":
+            self.finished = Finished(_field(reply, "state", "str"), _field(reply, "reason", "str"))
+        elif status != "wait":
+            raise BadReply(f"the reply to {getattr(reply, '_where', 'a request')} has field "
+                           f"{_join(getattr(reply, '_path', ''), 'status')!r} with the unknown "
+                           f"value {status[:64]!r}")
         return None
 
     def _drop(self, lease: int) -> None:
@@ -600,11 +800,11 @@ class Run:
             if e.code == WORKER_NOT_REGISTERED:
                 self._register()
             return self.next_job(wait=wait) if next_job else None
-        job.outcome = reply["outcome"]
+        job.outcome = _field(reply, "outcome", "str")
         job._sent = True
         if not next_job:
             return None
-        nxt = self._take(reply["next"])
+        nxt = self._take(_field(reply, "next", "object"))
         if nxt is None and reply["next"]["status"] == "wait" and wait:
             return self.next_job(wait=True)
         return nxt
@@ -635,19 +835,14 @@ class Run:
         failing_since = None
         backoff = 0.1
         while True:
+            attempt_started = time.monotonic()
             try:
                 status, data = conn.request(method, path, body, self.timeout + extra)
                 if status < 500:
                     self._reached = True
                     if status in (200, 201):
                         return _parse_reply(data, f"{method} {path}")
-                    try:
-                        reply = json.loads(data) if data else {}
-                    except (ValueError, UnicodeDecodeError):
-                        reply = {}
-                    err = reply.get("error", {}) if isinstance(reply, dict) else {}
-                    raise CoordinatorError(err.get("message", data.decode(errors="replace")),
-                                           status, err.get("code", ""), err.get("field", ""))
+                    raise _refusal(method, path, status, conn.reason, conn.location, data)
                 last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
             except ssl.SSLError as e:
                 if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
@@ -662,7 +857,7 @@ class Run:
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
             now = time.monotonic()
-            failing_since = failing_since or now
+            failing_since = failing_since or attempt_started  # the first failing attempt began
             window = self.give_up_after if self._reached else self.first_contact_timeout
             if conn.give_up_after is not None:
                 window = min(window, conn.give_up_after)
@@ -684,7 +879,8 @@ class Run:
             backoff = min(5.0, backoff * 2)
 
     def _heartbeat_loop(self) -> None:
-        conn = _Connection(self._host, self._port, self.timeout, self._token, self._tls)
+        conn = _Connection(self._host, self._port, self.timeout, self._token, self._tls,
+                           self.max_reply_bytes)
         while not self._stop.wait(self.heartbeat_interval):
             with self._lock:
                 leases = sorted(self._held)
@@ -715,7 +911,8 @@ class JobFeed:
             raise CoordinatorError(f"depth must be 1 to 64, got {depth}", field="depth")
         self._run, self._depth, self._prepare = run, depth, prepare
         self._before_close = before_close
-        self._conn = _Connection(run._host, run._port, run.timeout, run._token, run._tls)
+        self._conn = _Connection(run._host, run._port, run.timeout, run._token, run._tls,
+                                 run.max_reply_bytes)
         self._cv = threading.Condition()
         self._ready: collections.deque[Job] = collections.deque()
         self._outbox: list[Job] = []
@@ -935,10 +1132,10 @@ class JobFeed:
                 if e.code == WORKER_NOT_REGISTERED:
                     run._register(self._conn)
             else:
-                for job, outcome in zip(done, reply["outcomes"]):
-                    job.outcome = outcome["outcome"]
+                for job, outcome in zip(done, _objects(reply, "outcomes")):
+                    job.outcome = _field(outcome, "outcome", "str")
                     job._sent = True
-                reply = reply.get("next")
+                reply = _field(reply, "next", "object", optional=True)
         if need and reply is None:
             body = {"worker": run.id, "request": _request_id(), "jobs": need,
                     "wait_ms": int(run.long_poll * 1000) if long_poll else 0}
@@ -948,16 +1145,20 @@ class JobFeed:
                               conn=self._conn)
         if reply is None:
             return [], ""
-        self.epochs_opened = max(self.epochs_opened, int(reply.get("epochs_opened", 0)))
-        if reply["status"] == "finished":
-            self.finished = run.finished = Finished(reply["state"], reply["reason"])
+        opened = _field(reply, "epochs_opened", "int", optional=True)
+        self.epochs_opened = max(self.epochs_opened, opened or 0)
+        status = _field(reply, "status", "str")
+        if status == "finished":
+            self.finished = run.finished = Finished(_field(reply, "state", "str"),
+                                                    _field(reply, "reason", "str"))
             return [], "finished"
-        if reply["status"] == "wait":
-            open_epoch = reply.get("open")
-            self.open_epoch = (open_epoch["set"], open_epoch["epoch"]) if open_epoch else None
+        if status == "wait":
+            open_epoch = _field(reply, "open", "object", optional=True)
+            self.open_epoch = ((_field(open_epoch, "set", "str"), _field(open_epoch, "epoch", "int"))
+                               if open_epoch else None)
             if self._epochs_known is not None:  # the next long poll waits for a newer epoch
-                self._epochs_known = reply.get("epochs_opened", self._epochs_known)
-        return run._take_group(reply), reply["status"]
+                self._epochs_known = opened if opened is not None else self._epochs_known
+        return run._take_group(reply), status
 
 
 _open_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()

@@ -40,7 +40,8 @@ import secrets
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-from .client import CUT_INCOMPLETE, RESTORE_CONFLICT, CoordinatorError, Job, JobFeed, Run, log
+from .client import (CUT_INCOMPLETE, RESTORE_CONFLICT, CoordinatorError, Job, JobFeed, Run,
+                     _field, log)
 from .order import SHUFFLES, SampleOrder
 
 __all__ = ["Phase", "Phases", "ReportError", "EpochSampler"]
@@ -283,12 +284,13 @@ class Phases:
                     parts.append({"lease": p.job.lease, "batches": p.reported, **_result(p)})
         rank, world_size = _rank_and_world_size()
         reply = self.run.cut(seq, rank, world_size, parts)
-        cut = int(reply["cut"])
+        cut = _field(reply, "cut", "int")
         deadline = time.monotonic() + self.cut_timeout
         pause = 0.005
-        while not reply["complete"]:
+        while not _field(reply, "complete", "bool"):
             if time.monotonic() >= deadline:
-                missing = sorted(set(range(int(reply["world_size"]))) - set(reply["ranks"]))
+                missing = sorted(set(range(_field(reply, "world_size", "int")))
+                                 - set(_field(reply, "ranks", "list")))
                 raise CoordinatorError(
                     f"cut {cut} (state_dict call {seq} of group {self.run.group}) "
                     f"is not complete after {self.cut_timeout:g} s: ranks "

@@ -142,7 +142,7 @@ std::string epoch_line(const std::string& run, const rapidjson::Value& e) {
 
 std::string progress_line(const std::string& status_json) {
   rapidjson::Document d;
-  d.Parse(status_json.c_str());
+  d.Parse<rapidjson::kParseIterativeFlag>(status_json.c_str());  // any depth, no recursion
   if (d.HasParseError() || !d.IsObject()) return "";
   std::ostringstream out;
   const auto& p = d["progress"];
@@ -181,7 +181,7 @@ tl::expected<Standing, client::ClientError> standing_of(
     const tl::expected<std::string, client::ClientError>& reply) {
   if (!reply) return tl::unexpected(reply.error());
   rapidjson::Document d;
-  d.Parse(reply->c_str());
+  d.Parse<rapidjson::kParseIterativeFlag>(reply->c_str());  // any depth, no recursion
   auto text = [&](const char* key) {
     return d.HasMember(key) && d[key].IsString() ? std::string(d[key].GetString()) : std::string();
   };
@@ -519,7 +519,7 @@ int launch(const LaunchArgs& args) {
     auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2), token);
     if (!body) return;
     rapidjson::Document d;
-    d.Parse(body->c_str());
+    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
     std::string lines;
     if (!d.HasParseError() && d.IsObject() && d.HasMember("epochs") && d["epochs"].IsArray()) {
       const auto& epochs = d["epochs"].GetArray();
@@ -707,7 +707,7 @@ int launch(const LaunchArgs& args) {
   std::string state = "unknown", reason;
   if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2), token)) {
     rapidjson::Document d;
-    d.Parse(body->c_str());
+    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
     if (!d.HasParseError() && d.IsObject() && d.HasMember("state") && d["state"].IsString()) {
       state = d["state"].GetString();
       reason = d.HasMember("reason") && d["reason"].IsString() ? d["reason"].GetString() : "";

@@ -217,7 +217,7 @@ void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_n
 void print_run_status(const std::string& status_json, std::ostream& out,
                       std::optional<int64_t> wall_now_ms) {
   rapidjson::Document d;
-  d.Parse(status_json.c_str());
+  d.Parse<rapidjson::kParseIterativeFlag>(status_json.c_str());  // any depth, no recursion
   if (d.HasParseError() || !d.IsObject()) {
     out << "the run's status is not a JSON object: " << terminal_safe(status_json.substr(0, 200))
         << "\n";
@@ -239,7 +239,7 @@ int runs(const StatusArgs& args) {
     return 0;
   }
   rapidjson::Document d;
-  d.Parse(body->c_str());
+  d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
   std::printf("%-24s %-14s %7s %14s %8s\n", "RUN", "STATE", "EPOCH", "JOBS", "WORKERS");
   for (const Value& r : items(at(d, "runs"))) {
     const std::string epoch =
@@ -258,7 +258,7 @@ int status(const StatusArgs& args) {
     auto list = client::get(args.url, "/v1/runs");
     if (!list) return report_client_error(list.error(), args.url);
     rapidjson::Document d;
-    d.Parse(list->c_str());
+    d.Parse<rapidjson::kParseIterativeFlag>(list->c_str());  // any depth, no recursion
     const auto listed = items(at(d, "runs"));
     if (listed.Size() != 1) {
       if (listed.Empty()) {
@@ -284,7 +284,7 @@ int status(const StatusArgs& args) {
       return 0;
     }
     rapidjson::Document d;
-    d.Parse(body->c_str());
+    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
     std::ostringstream out;
     print_run_status(*body, out);
     if (args.watch) std::cout << "\x1b[H\x1b[2J";  // home, clear screen

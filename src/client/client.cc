@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -67,6 +68,14 @@ Result<Endpoint> parse_url(const std::string& url) {
 
 ClientError unreachable(const std::string& what) {
   return ClientError{0, std::string(codes::kUnreachable), what, {}};
+}
+
+// "30 s", "2.5 s", "250 ms": a duration as a message states it.
+std::string seconds_text(milliseconds d) {
+  if (d.count() < 1000) return std::to_string(d.count()) + " ms";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
 }
 
 std::string env_or(const std::string& value, const char* variable) {
@@ -149,19 +158,25 @@ class Connection {
  public:
   // `tls`: required (and only used) when the endpoint is https.
   Connection(Endpoint endpoint, milliseconds connect_timeout, std::string token = "",
-             std::shared_ptr<ssl::context> tls = nullptr)
+             std::shared_ptr<ssl::context> tls = nullptr, size_t max_reply_bytes = kMaxReplyBytes)
       : endpoint_(std::move(endpoint)),
         connect_timeout_(connect_timeout),
         token_(std::move(token)),
         tls_context_(std::move(tls)),
+        max_reply_bytes_(max_reply_bytes),
         tcp_(io_) {}
 
   struct Response {
     int status = 0;
+    std::string reason;
+    std::string location;  // the Location header (a redirect)
     std::string body;
   };
 
-  // One request. On a transport failure the connection is closed (and reopened next time).
+  // One request: its final reply (interim 1xx replies skipped), all of it within `timeout` (a
+  // deadline for the whole exchange, not for each read). Fails with "unreachable" (no complete
+  // reply in time, a transport error), "tls", or "bad_reply" (a reply over max_reply_bytes, or
+  // headers over 64 KiB). On a failure the connection is closed (and reopened next time).
   Result<Response> request(http::verb method, const std::string& target, const std::string& body,
                            milliseconds timeout) {
     if (!connected_) {
@@ -178,23 +193,56 @@ class Connection {
     req.keep_alive(true);
     req.prepare_payload();
 
-    http::response<http::string_body> res;
+    const std::string what = std::string(http::to_string(method)) + " " + target;
+    std::optional<http::response_parser<http::string_body>> parser;
     beast::error_code result;
+    // One deadline for the write and every read: the stream's timer is a point in time, kept
+    // until it is set again.
     lowest().expires_after(timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     with_stream([&](auto& stream) {
-      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
-        if (ec) {
-          result = ec;
-          return;
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) { result = ec; });
+      io_.restart();
+      io_.run();
+      // Reads replies until a final one: an interim 1xx reply is followed by another. The
+      // deadline is checked between reads too: the stream's timer alone does not fire while
+      // every read completes at once (bytes that never stop coming).
+      while (!result) {
+        parser.emplace();
+        parser->header_limit(64 * 1024);
+        parser->body_limit(max_reply_bytes_);
+        while (!result && !parser->is_done()) {
+          if (std::chrono::steady_clock::now() >= deadline) {
+            result = beast::error::timeout;
+            break;
+          }
+          http::async_read_some(stream, buffer_, *parser,
+                                [&](beast::error_code ec, size_t) { result = ec; });
+          io_.restart();
+          io_.run();
         }
-        http::async_read(stream, buffer_, res,
-                         [&](beast::error_code ec2, size_t) { result = ec2; });
-      });
+        if (result || parser->get().result_int() / 100 != 1) break;
+      }
     });
-    io_.restart();
-    io_.run();
     if (result) {
       close();
+      if (result == http::error::body_limit || result == http::error::header_limit) {
+        return tl::unexpected(ClientError{
+            0,
+            std::string(codes::kBadReply),
+            "the reply to " + what + " from " + endpoint_.host + ":" + endpoint_.port +
+                " is larger than the client reads (" +
+                (result == http::error::body_limit
+                     ? std::to_string(max_reply_bytes_ >> 20) + " MiB: Options::max_reply_bytes"
+                     : std::string("64 KiB of headers")) +
+                ")",
+            {}});
+      }
+      if (result == beast::error::timeout) {
+        return tl::unexpected(unreachable(
+            "no complete reply to " + what + " from " + endpoint_.host + ":" + endpoint_.port +
+            " within the request's deadline of " + seconds_text(timeout)));
+      }
       // An alert from the coordinator (TLS 1.3 refuses a client certificate only after the
       // handshake): retrying will not help.
       if (result.category() == asio::error::get_ssl_category()) {
@@ -204,11 +252,14 @@ class Connection {
                                               endpoint_.port + " refused TLS: " + result.message(),
                                           {}});
       }
-      return tl::unexpected(unreachable("request to " + endpoint_.host + ":" + endpoint_.port +
-                                        target + " failed: " + result.message()));
+      return tl::unexpected(unreachable(what + " to " + endpoint_.host + ":" + endpoint_.port +
+                                        " failed: " + result.message()));
     }
+    auto& res = parser->get();
     if (!res.keep_alive()) close();
-    return Response{static_cast<int>(res.result_int()), std::move(res.body())};
+    Response out{static_cast<int>(res.result_int()), std::string(res.reason()),
+                 std::string(res[http::field::location]), std::move(res.body())};
+    return out;
   }
 
   void close() {
@@ -297,6 +348,7 @@ class Connection {
   milliseconds connect_timeout_;
   std::string token_;
   std::shared_ptr<ssl::context> tls_context_;
+  size_t max_reply_bytes_;
   asio::io_context io_;
   beast::tcp_stream tcp_;                                    // plain HTTP
   std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;  // HTTPS: a fresh one per connection
@@ -357,8 +409,8 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
   if (!tls) return tl::unexpected(tls.error());
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
   w->tls_ = *tls;
-  w->connection_ =
-      std::make_unique<Connection>(*endpoint, w->options_.connect_timeout, w->options_.token, *tls);
+  w->connection_ = std::make_unique<Connection>(
+      *endpoint, w->options_.connect_timeout, w->options_.token, *tls, w->options_.max_reply_bytes);
   if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
   if (w->options_.heartbeats) {
     w->heartbeats_ = std::make_unique<Heartbeats>();
@@ -383,7 +435,7 @@ Result<void> Worker::register_worker() {
     restore_required_ = registered->restore_required;
     latest_cut_ = registered->latest_cut;
   }
-  if (registered->heartbeat_interval_ms) {
+  if (registered->heartbeat_interval_ms) {  // bounded by reply::registration
     heartbeat_interval_ = milliseconds(*registered->heartbeat_interval_ms);
   }
   return {};
@@ -405,24 +457,28 @@ Result<std::string> with_retries(Connection& connection, const Options& options,
   std::optional<std::chrono::steady_clock::time_point> failing_since;
   milliseconds backoff = options.initial_backoff;
   std::mt19937_64 rng(std::random_device{}());
+  const std::string what = std::string(http::to_string(method)) + " " + target;
   while (true) {
+    const auto attempt_started = std::chrono::steady_clock::now();
     auto res = connection.request(method, target, body, timeout);
     ClientError error;
-    // A TLS refusal won't get better.
-    if (!res && res.error().code == codes::kTls) return tl::unexpected(res.error());
+    // Only an unreachable coordinator may get better: a TLS refusal or a reply the client
+    // cannot use (too large, not HTTP) is not retried.
+    if (!res && res.error().code != codes::kUnreachable) return tl::unexpected(res.error());
     if (res && res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
-      return tl::unexpected(reply::error(res->status, res->body));
+      return tl::unexpected(reply::error(res->status, res->body, what, res->reason, res->location));
     }
-    error = res ? reply::error(res->status, res->body) : res.error();
+    error =
+        res ? reply::error(res->status, res->body, what, res->reason, res->location) : res.error();
     const auto now = std::chrono::steady_clock::now();
-    if (!failing_since) failing_since = now;
+    // Failing since the first failed attempt began: the time stated is the time it tried.
+    if (!failing_since) failing_since = attempt_started;
     if (now - *failing_since >= first_failure_limit) {
-      error.message =
-          "the coordinator at " + options.url + " has not answered for " +
-          std::to_string(
-              std::chrono::duration_cast<std::chrono::seconds>(now - *failing_since).count()) +
-          " s; giving up (last error: " + error.message + ")";
+      error.message = "the coordinator at " + options.url + " has not answered " + what + " for " +
+                      seconds_text(std::chrono::duration_cast<milliseconds>(now - *failing_since)) +
+                      " (give_up_after " + seconds_text(options.give_up_after) +
+                      "); giving up (last error: " + error.message + ")";
       return tl::unexpected(error);
     }
     const auto sleep = milliseconds(std::uniform_int_distribution<int64_t>(
@@ -446,9 +502,9 @@ Result<std::string> Worker::call_aside(const std::string& action, const std::str
                                        bool get) {
   std::lock_guard lock(aside_mu_);
   if (!aside_) {
-    aside_ =
-        std::make_unique<Connection>(*parse_url(options_.url), options_.connect_timeout,
-                                     options_.token, std::static_pointer_cast<ssl::context>(tls_));
+    aside_ = std::make_unique<Connection>(
+        *parse_url(options_.url), options_.connect_timeout, options_.token,
+        std::static_pointer_cast<ssl::context>(tls_), options_.max_reply_bytes);
   }
   return with_retries(*aside_, options_, get ? http::verb::get : http::verb::post,
                       "/v1/runs/" + options_.run + "/" + action, body, options_.request_timeout);
@@ -783,7 +839,7 @@ std::optional<uint64_t> Worker::latest_cut() const {
 void Worker::heartbeat_loop() {
   auto endpoint = parse_url(options_.url);
   Connection connection(*endpoint, options_.connect_timeout, options_.token,
-                        std::static_pointer_cast<ssl::context>(tls_));
+                        std::static_pointer_cast<ssl::context>(tls_), options_.max_reply_bytes);
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
   while (
@@ -803,16 +859,20 @@ void Worker::heartbeat_loop() {
 namespace {
 
 Result<std::string> once(http::verb method, const std::string& url, const std::string& path,
-                         const std::string& body, milliseconds timeout, const std::string& token) {
+                         const std::string& body, milliseconds timeout, const std::string& token,
+                         size_t max_reply_bytes) {
   auto endpoint = parse_url(url);
   if (!endpoint) return tl::unexpected(endpoint.error());
   auto tls = tls_for(*endpoint, Options{});
   if (!tls) return tl::unexpected(tls.error());
-  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token, *tls);
+  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token, *tls,
+                        max_reply_bytes);
   auto res = connection.request(method, path, body, timeout);
   if (!res) return tl::unexpected(res.error());
   if (res->status != 200 && res->status != 201) {
-    return tl::unexpected(reply::error(res->status, res->body));
+    return tl::unexpected(reply::error(res->status, res->body,
+                                       std::string(http::to_string(method)) + " " + path,
+                                       res->reason, res->location));
   }
   return std::move(res->body);
 }
@@ -820,13 +880,13 @@ Result<std::string> once(http::verb method, const std::string& url, const std::s
 }  // namespace
 
 Result<std::string> get(const std::string& url, const std::string& path, milliseconds timeout,
-                        const std::string& token) {
-  return once(http::verb::get, url, path, "", timeout, token);
+                        const std::string& token, size_t max_reply_bytes) {
+  return once(http::verb::get, url, path, "", timeout, token, max_reply_bytes);
 }
 
 Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
-                         milliseconds timeout, const std::string& token) {
-  return once(http::verb::post, url, path, body, timeout, token);
+                         milliseconds timeout, const std::string& token, size_t max_reply_bytes) {
+  return once(http::verb::post, url, path, body, timeout, token, max_reply_bytes);
 }
 
 std::string token_from_environment() {

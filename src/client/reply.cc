@@ -1,5 +1,7 @@
 #include "client/reply.h"
 
+#include <algorithm>
+
 #include <rapidjson/document.h>
 
 namespace traincoord::client::reply {
@@ -28,7 +30,7 @@ class Reader {
 
   // The document's top object, or null (and the error) when `body` is not a JSON object.
   const Value* top(rapidjson::Document& d, const std::string& body) {
-    d.Parse(body.data(), body.size());
+    parse(d, body);
     if (d.HasParseError() || !d.IsObject()) {
       fail("is not a JSON object: " + body.substr(0, 200));
       return nullptr;
@@ -220,10 +222,10 @@ Result<Registration> registration(const std::string& body, std::string_view what
   if (top != nullptr) {
     out.worker = r.uint32(*top, "", "worker");
     if (r.has(*top, "heartbeat_interval_ms")) {
-      out.heartbeat_interval_ms = r.int64(*top, "", "heartbeat_interval_ms");
-      if (r.ok() && *out.heartbeat_interval_ms <= 0) {
-        r.fail("has field 'heartbeat_interval_ms' that is not positive");
-      }
+      // Bounded both ways: 0 must not make a busy loop of heartbeats.
+      out.heartbeat_interval_ms =
+          std::clamp<int64_t>(r.int64(*top, "", "heartbeat_interval_ms"),
+                              kHeartbeatIntervalMin.count(), kHeartbeatIntervalMax.count());
     }
     if (r.has(*top, "generation")) out.generation = r.uint64(*top, "", "generation");
     if (r.has(*top, "group_state")) {
@@ -338,23 +340,39 @@ Result<Restored> restored(const std::string& body, std::string_view what) {
   return out;
 }
 
-ClientError error(int status, const std::string& body) {
-  ClientError e{status, "http_" + std::to_string(status), body, {}};
+void parse(rapidjson::Document& d, const std::string& body) {
+  d.Parse<rapidjson::kParseIterativeFlag>(body.data(), body.size());
+}
+
+ClientError error(int status, const std::string& body, std::string_view what,
+                  std::string_view reason, std::string_view location) {
+  ClientError e{status, "http_" + std::to_string(status), "", {}};
   rapidjson::Document d;
-  d.Parse(body.data(), body.size());
-  if (d.HasParseError() || !d.IsObject()) return e;
-  const auto err = d.FindMember("error");
-  if (err == d.MemberEnd() || !err->value.IsObject()) return e;
-  const Value& v = err->value;
+  parse(d, body);
+  const Value* err = nullptr;
+  if (!d.HasParseError() && d.IsObject()) {
+    const auto it = d.FindMember("error");
+    if (it != d.MemberEnd() && it->value.IsObject()) err = &it->value;
+  }
   auto text = [&](const char* key, std::string* out) {
-    const auto it = v.FindMember(key);
-    if (it != v.MemberEnd() && it->value.IsString()) {
+    if (err == nullptr) return;
+    const auto it = err->FindMember(key);
+    if (it != err->MemberEnd() && it->value.IsString() && it->value.GetStringLength() > 0) {
       *out = std::string(it->value.GetString(), it->value.GetStringLength());
     }
   };
   text("code", &e.code);
   text("message", &e.message);
   text("field", &e.field);
+  if (e.message.empty()) {
+    e.message = std::string(what) + " was answered HTTP " + std::to_string(status);
+    if (!reason.empty()) e.message += " " + std::string(reason.substr(0, 64));
+    if (!location.empty()) {
+      e.message += ", to " + std::string(location.substr(0, 200)) +
+                   " (the client follows no redirects: give the coordinator's own url)";
+    }
+    if (!body.empty()) e.message += ": " + body.substr(0, 200);
+  }
   return e;
 }
 

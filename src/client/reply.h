@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <rapidjson/document.h>
+
 #include "traincoord/client.h"
 
 namespace traincoord::client::reply {
@@ -18,10 +20,12 @@ namespace traincoord::client::reply {
 // The reply to POST .../workers.
 struct Registration {
   uint32_t worker = 0;
-  std::optional<int64_t> heartbeat_interval_ms;  // positive when present
-  uint64_t generation = 0;                       // 0 from a coordinator without groups
-  bool restore_required = false;                 // "group_state": "restore_required"
-  std::optional<uint64_t> latest_cut;            // "latest_cut": N (absent or null: none)
+  // When present: what the coordinator asked for, kept within [kHeartbeatIntervalMin,
+  // kHeartbeatIntervalMax] (0 or less reads as the minimum).
+  std::optional<int64_t> heartbeat_interval_ms;
+  uint64_t generation = 0;             // 0 from a coordinator without groups
+  bool restore_required = false;       // "group_state": "restore_required"
+  std::optional<uint64_t> latest_cut;  // "latest_cut": N (absent or null: none)
 };
 
 // An acquire's answer: the reply to POST .../acquire, or the "next" of a completion reply.
@@ -56,9 +60,16 @@ Result<Cut> cut(const std::string& body, std::string_view what);
 Result<CutList> cut_list(const std::string& body, std::string_view what);
 Result<Restored> restored(const std::string& body, std::string_view what);
 
-// The error a reply with status `status` (not 2xx) carries: its {"error": {"code", "message",
-// "field"}}, or, when the body is not that, the code "http_STATUS" with the body as message.
-ClientError error(int status, const std::string& body);
+// The error a reply with status `status` (not 2xx) to the request `what` carries: its {"error":
+// {"code", "message", "field"}}, or, when the body is not that (a redirect, a proxy, another
+// server), the code "http_STATUS" and a message naming `what`, the status and its `reason`,
+// the `location` it points to (a redirect) and the start of the body.
+ClientError error(int status, const std::string& body, std::string_view what,
+                  std::string_view reason = {}, std::string_view location = {});
+
+// Parses `body` into `d` without recursion (a reply nested any depth deep cannot exhaust the
+// stack). Every client path parses a reply through this.
+void parse(rapidjson::Document& d, const std::string& body);
 
 // The coordinator does not know this worker (it restarted without its state): register again.
 bool unregistered(const ClientError& e);

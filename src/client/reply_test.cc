@@ -120,27 +120,67 @@ TEST(Reply, AMalformedReplyIsAnErrorNamingTheRequestAndTheField) {
   EXPECT_NE(refusal(reply::registration(R"({"worker": "0"})", "POST /v1/runs/r/workers"))
                 .find("'worker' that is not an unsigned 32-bit integer"),
             std::string::npos);
-  EXPECT_NE(refusal(reply::registration(R"({"worker": 0, "heartbeat_interval_ms": 0})",
+  EXPECT_NE(refusal(reply::registration(R"({"worker": 0, "heartbeat_interval_ms": "x"})",
                                         "POST /v1/runs/r/workers"))
-                .find("not positive"),
+                .find("POST /v1/runs/r/workers has field 'heartbeat_interval_ms' that is not an "
+                      "integer"),
             std::string::npos);
+}
+
+// A coordinator cannot make the heartbeat thread spin (0 ms), nor sleep past any lease.
+TEST(Reply, TheHeartbeatIntervalAskedForIsBoundedBothWays) {
+  auto asked = [](const char* ms) {
+    auto r = reply::registration(
+        std::string(R"({"worker": 0, "heartbeat_interval_ms": )") + ms + "}", "POST /w");
+    EXPECT_TRUE(r.has_value());
+    return r ? r->heartbeat_interval_ms.value_or(-1) : -1;
+  };
+  EXPECT_EQ(asked("0"), kHeartbeatIntervalMin.count());
+  EXPECT_EQ(asked("-5"), kHeartbeatIntervalMin.count());
+  EXPECT_EQ(asked("250"), 250);
+  EXPECT_EQ(asked("86400000"), kHeartbeatIntervalMax.count());
+}
+
+// A reply nested 200,000 deep is read without recursion: a bad_reply, not a stack overflow.
+TEST(Reply, AReplyNestedAnyDepthIsABadReplyNotACrash) {
+  const size_t depth = 200'000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  auto r = reply::registration(nested, "POST /v1/runs/r/workers");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, codes::kBadReply);
+  auto inner = reply::acquired(R"({"status": "wait", "x": )" + nested + "}", false, "POST /a");
+  EXPECT_TRUE(inner.has_value());  // a deep member the client does not read is harmless
+  auto e = reply::error(409, R"({"error": )" + nested + "}", "POST /v1/runs/r/acquire");
+  EXPECT_EQ(e.code, "http_409");
 }
 
 TEST(Reply, AnErrorReplyGivesItsCodeAndFieldOrTheStatusWhenItIsNotJson) {
   auto e = reply::error(
-      404, R"({"error": {"code": "lease_unknown", "message": "lease 9 ...", "field": "lease"}})");
+      404, R"({"error": {"code": "lease_unknown", "message": "lease 9 ...", "field": "lease"}})",
+      "POST /v1/runs/r/complete");
   EXPECT_EQ(e.http_status, 404);
   EXPECT_EQ(e.code, "lease_unknown");
   EXPECT_EQ(e.message, "lease 9 ...");
   EXPECT_EQ(e.field, "lease");
   EXPECT_TRUE(reply::forgotten(e));
   EXPECT_FALSE(reply::unregistered(e));
-  auto plain = reply::error(502, "<html>bad gateway</html>");
+  auto plain = reply::error(502, "<html>bad gateway</html>", "GET /v1/runs/r", "Bad Gateway");
   EXPECT_EQ(plain.code, "http_502");
-  EXPECT_EQ(plain.message, "<html>bad gateway</html>");
-  auto odd = reply::error(404, R"({"error": {"code": 7, "message": ["x"]}})");
+  EXPECT_EQ(plain.message,
+            "GET /v1/runs/r was answered HTTP 502 Bad Gateway: <html>bad "
+            "gateway</html>");
+  auto odd = reply::error(404, R"({"error": {"code": 7, "message": ["x"]}})", "GET /x");
   EXPECT_EQ(odd.code, "http_404");
   EXPECT_FALSE(reply::forgotten(odd));  // a 404 without a code is not a forgotten lease
+  // An error that is not an object, and a redirect: the request, the status, where it points.
+  auto nope = reply::error(409, R"({"error": "nope"})", "POST /v1/runs/r/workers", "Conflict");
+  EXPECT_EQ(nope.code, "http_409");
+  EXPECT_NE(nope.message.find("POST /v1/runs/r/workers was answered HTTP 409 Conflict"),
+            std::string::npos);
+  EXPECT_NE(nope.message.find("nope"), std::string::npos);
+  auto moved = reply::error(302, "", "POST /v1/runs/r/workers", "Found", "http://elsewhere:1/");
+  EXPECT_EQ(moved.code, "http_302");
+  EXPECT_NE(moved.message.find("HTTP 302 Found, to http://elsewhere:1/"), std::string::npos);
 }
 
 // The client's names for the codes are the server's (core/error.h).
