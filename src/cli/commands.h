@@ -83,7 +83,8 @@ struct ServeArgs {
   uint64_t snapshot_every = 100'000;
   uint64_t min_free_disk_mib = 64;  // below this, no new work (503); a start is refused
   bool auth = false;                // tokens even on loopback (always on for other addresses)
-  size_t max_connections = 20'000;
+  size_t max_connections = 20'000;  // without --max-connections: at most what `ulimit -n` holds
+  bool max_connections_given = false;
   uint64_t max_requests_per_connection = 1'000'000;
   size_t max_runs = 1000;
   size_t max_workers_per_run = 100'000;
@@ -117,19 +118,19 @@ struct LaunchArgs {
   std::string config;  // a coordinator in this process (one node) ...
   std::string url;     // ... or the coordinator at this url (several nodes), with:
   std::string run;
-  std::string nnodes = "1";           // MIN[:MAX] nodes
-  std::string node;                   // this node's name (default: the host name; node0)
+  std::string nnodes = "1";             // MIN[:MAX] nodes
+  std::string node;                     // this node's name (default: the host name; node0)
   std::string node_addr = "127.0.0.1";  // where other nodes reach this one (MASTER_ADDR)
-  double settle_s = 5;                // with MIN < MAX: later joins awaited after MIN joined
-  double node_timeout_s = 15;         // an agent not heard of for this long is lost
-  int rdzv_timeout_s = 120;           // the coordinator unreachable this long: give up
-  int max_restarts = 0;  // restarts of the whole group of workers
-  double grace_s = 10;   // SIGTERM to SIGKILL when the group is stopped
-  std::string data_dir;  // empty: in memory
-  bool auth = false;     // tokens (kept in the data dir, or ./traincoord-tokens)
+  double settle_s = 5;                  // with MIN < MAX: later joins awaited after MIN joined
+  double node_timeout_s = 15;           // an agent not heard of for this long is lost
+  int rdzv_timeout_s = 120;             // the coordinator unreachable this long: give up
+  int max_restarts = 0;                 // restarts of the whole group of workers
+  double grace_s = 10;                  // SIGTERM to SIGKILL when the group is stopped
+  std::string data_dir;                 // empty: in memory
+  bool auth = false;                    // tokens (kept in the data dir, or ./traincoord-tokens)
   bool apply_config_changes = false;
   std::string listen = "127.0.0.1:8470";  // taken when free, else a free loopback port
-  bool prefix_output = true;               // "[rankN]: " before each line of a worker's output
+  bool prefix_output = true;              // "[rankN]: " before each line of a worker's output
   std::vector<std::string> command;
 };
 // Exit status (exit_code): kOk when the run completed or stopped early and every worker exited

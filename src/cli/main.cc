@@ -122,10 +122,11 @@ int main(int argc, char** argv) {
   srv->add_flag("--allow-plain-http", serve_args.allow_plain_http,
                 "serve plain HTTP on a non-loopback address (behind a TLS proxy, or a trusted "
                 "network); without it such an address needs --tls-cert");
-  srv->add_option("--max-connections", serve_args.max_connections,
-                  "client connections held at once; more are closed")
-      ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
-      ->capture_default_str();
+  CLI::Option* max_connections =
+      srv->add_option("--max-connections", serve_args.max_connections,
+                      "client connections held at once; more are closed (default: 20000, or "
+                      "what the file descriptor limit holds)")
+          ->check(CLI::Range(size_t{1}, size_t{1'000'000}));
   srv->add_option("--max-requests-per-connection", serve_args.max_requests_per_connection,
                   "requests on one connection before the server closes it")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000'000}))
@@ -192,7 +193,8 @@ int main(int argc, char** argv) {
       "Start N worker processes on this node, restarted as a whole group when one fails: with "
       "--config, a coordinator in this process; with --url --run, one agent per node meeting "
       "at a coordinator (docs/LAUNCH.md)");
-  lch->add_option("--workers,--nproc-per-node", launch_args.workers, "worker processes on this node")
+  lch->add_option("--workers,--nproc-per-node", launch_args.workers,
+                  "worker processes on this node")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   lch->add_option("--config", launch_args.config,
@@ -273,7 +275,10 @@ int main(int argc, char** argv) {
   if (ins->parsed()) return inspect(inspect_args);
   if (lch->parsed()) return launch(launch_args);
   if (sim->parsed()) return simulate(sim_args);
-  if (srv->parsed()) return serve(serve_args);
+  if (srv->parsed()) {
+    serve_args.max_connections_given = max_connections->count() > 0;
+    return serve(serve_args);
+  }
   if (st->parsed()) return status(status_args);
   if (rs->parsed()) return runs(runs_args);
   return exit_code::kOk;

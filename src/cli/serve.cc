@@ -99,10 +99,13 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
 // with EFBIG, which the journal takes as a full disk (503 disk_full, said on stderr), instead
 // of killing the process with SIGXFSZ and no word; the soft limit on descriptors (one per
 // connection) is raised to the hard one, and said when --max-connections exceeds it.
-static void prepare_limits(size_t max_connections) {
+// Returns the connections to hold at once: --max-connections when given (with a warning when
+// the descriptor limit cannot hold them), else the default, lowered quietly to what the limit
+// holds.
+static size_t prepare_limits(size_t max_connections, bool given) {
   std::signal(SIGXFSZ, SIG_IGN);
   rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return max_connections;
   if (nofile.rlim_cur < nofile.rlim_max) {
     rlimit raised = nofile;
     raised.rlim_cur = nofile.rlim_max;
@@ -115,18 +118,22 @@ static void prepare_limits(size_t max_connections) {
   }
   // The journal, the tokens, the event loops and the listening socket take a few of them.
   constexpr rlim_t kOwnDescriptors = 64;
-  if (nofile.rlim_cur != RLIM_INFINITY && max_connections + kOwnDescriptors > nofile.rlim_cur) {
-    std::cerr << "traincoord: --max-connections " << max_connections
-              << " exceeds what the file descriptor limit allows (" << nofile.rlim_cur
-              << ", ulimit -n; the hard limit is " << nofile.rlim_max << "): past about "
-              << (nofile.rlim_cur > kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : 0)
-              << " open connections, new ones wait until some close; raise the hard limit "
-                 "(ulimit -Hn, systemd's LimitNOFILE=) or lower --max-connections\n";
+  if (nofile.rlim_cur == RLIM_INFINITY || max_connections + kOwnDescriptors <= nofile.rlim_cur) {
+    return max_connections;
   }
+  const size_t room =
+      nofile.rlim_cur > 2 * kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : kOwnDescriptors;
+  if (!given) return room;
+  std::cerr << "traincoord: --max-connections " << max_connections
+            << " exceeds what the file descriptor limit allows (" << nofile.rlim_cur
+            << ", ulimit -n; the hard limit is " << nofile.rlim_max << "): past about " << room
+            << " open connections, new ones wait until some close; raise the hard limit "
+               "(ulimit -Hn, systemd's LimitNOFILE=) or lower --max-connections\n";
+  return max_connections;
 }
 
 int serve(const ServeArgs& args) {
-  prepare_limits(args.max_connections);
+  const size_t max_connections = prepare_limits(args.max_connections, args.max_connections_given);
   std::vector<std::string> paths = args.configs;
   if (!args.runs_dir.empty()) {
     std::error_code ec;
@@ -154,7 +161,7 @@ int serve(const ServeArgs& args) {
     return fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")");
   }
   options.io_threads = args.io_threads;
-  options.max_connections = args.max_connections;
+  options.max_connections = max_connections;
   options.max_requests_per_connection = args.max_requests_per_connection;
   options.read_timeout_s = args.read_timeout_s;
   options.idle_timeout_s = args.idle_timeout_s;

@@ -122,6 +122,8 @@ TEST(LimitsE2E, AJournalNearTheFileSizeLimitIsAFullDiskNotADeath) {
   const std::string said = read_file(log);
   EXPECT_NE(said.find("taking no new work"), std::string::npos) << said;
   EXPECT_NE(said.find("RLIMIT_FSIZE"), std::string::npos) << said;
+  // Without --max-connections, the default fits the descriptor limit quietly.
+  EXPECT_EQ(said.find("exceeds what the file descriptor limit"), std::string::npos) << said;
 }
 
 // Item 5: with a low descriptor limit, idle connections use every descriptor. Accepting pauses
@@ -131,8 +133,9 @@ TEST(LimitsE2E, OutOfDescriptorsAcceptingPausesAndTheServerStillAnswers) {
   TempDir dir;
   const std::string log = dir.path() + "/stderr";
   auto server = ServerProcess::start(
-      {"--config", dir.write("d.toml", kRun), "--in-memory", "--idle-timeout", "60"}, 0,
-      TRAINCOORD_BIN, limited("--nofile=64", log));
+      {"--config", dir.write("d.toml", kRun), "--in-memory", "--idle-timeout", "60",
+       "--max-connections", "1000"},  // more than the limit holds: said, and kept
+      0, TRAINCOORD_BIN, limited("--nofile=64", log));
   ASSERT_NE(server, nullptr) << read_file(log);
   const uint16_t port = server->port();
   EXPECT_NE(read_file(log).find("exceeds what the file descriptor limit allows"), std::string::npos)
