@@ -72,19 +72,6 @@ double cpu_seconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-int connect_idle(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Item 5: a file size limit (RLIMIT_FSIZE) is room the journal runs out of, as a disk's:
 // near it, the server takes no new work (503 disk_full), reads go on, and it says why; it
 // never dies of SIGXFSZ (ignored: a write past the limit fails with EFBIG, taken as a full
@@ -142,7 +129,7 @@ TEST(LimitsE2E, OutOfDescriptorsAcceptingPausesAndTheServerStillAnswers) {
       << read_file(log);
   std::vector<int> idle;
   for (int i = 0; i < 120; ++i) {
-    const int fd = connect_idle(port);
+    const int fd = connect_loopback(port);
     if (fd >= 0) idle.push_back(fd);
   }
   ASSERT_GT(idle.size(), 64u);

@@ -121,18 +121,26 @@ class ServerProcess {
   std::string output_;
 };
 
-// Sends raw bytes to 127.0.0.1:port and returns everything read until the server closes or
-// `timeout_ms` passes without data.
-inline std::string raw_exchange(uint16_t port, const std::string& bytes, int timeout_ms = 2000) {
+// A TCP connection to 127.0.0.1:port: its descriptor (the caller closes it), or -1.
+inline int connect_loopback(uint16_t port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
+  return fd;
+}
+
+// Sends raw bytes to 127.0.0.1:port and returns everything read until the server closes or
+// `timeout_ms` passes without data.
+inline std::string raw_exchange(uint16_t port, const std::string& bytes, int timeout_ms = 2000) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return "";
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
