@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../sanitizer.h"
 #include "server_process.h"
 
 namespace traincoord::testing {
@@ -117,6 +118,11 @@ TEST(LimitsE2E, AJournalNearTheFileSizeLimitIsAFullDiskNotADeath) {
 // (said once), instead of failing in a busy loop; the server still serves, and a fresh
 // connection is answered once some close.
 TEST(LimitsE2E, OutOfDescriptorsAcceptingPausesAndTheServerStillAnswers) {
+  if (kSanitized) {
+    // UBSan's vptr check tests memory with a pipe, which a process out of descriptors cannot
+    // make: it then reports every object as invalid. The plain build runs this test.
+    GTEST_SKIP() << "out of descriptors, a sanitizer's runtime fails before the server does";
+  }
   TempDir dir;
   const std::string log = dir.path() + "/stderr";
   auto server = ServerProcess::start(
