@@ -273,7 +273,7 @@ WorkerId Run::join(std::string_view name, std::string_view group) {
   if (it != worker_ids_.end()) {
     WorkerInfo& w = workers_[it->second];
     w.last_seen = clock_.now();
-    w.group = std::string(group);
+    if (!group.empty()) w.group = std::string(group);  // (naming none keeps the one it had)
     if (!w.active) {
       w.active = true;
       emit(EventKind::kWorkerJoined, "worker " + w.name + " rejoined");

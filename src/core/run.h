@@ -263,10 +263,10 @@ struct CutShareReply {
 };
 
 struct Restored {
-  bool restored = false;         // false: this group had restored the same target already
-  std::optional<uint64_t> cut;   // nullopt: a fresh start from the ledger as it is
+  bool restored = false;        // false: this group had restored the same target already
+  std::optional<uint64_t> cut;  // nullopt: a fresh start from the ledger as it is
   uint64_t generation = 0;
-  uint64_t withdrawn_jobs = 0;   // completed jobs reopened
+  uint64_t withdrawn_jobs = 0;  // completed jobs reopened
   uint64_t leases_voided = 0;
 };
 
@@ -293,6 +293,12 @@ class Run {
 
   // Whether a worker of that name has joined (now or before).
   bool has_worker(std::string_view name) const { return worker_ids_.count(std::string(name)) != 0; }
+  // The id of the worker registered under `name`, if one is.
+  std::optional<WorkerId> worker_id(std::string_view name) const {
+    auto it = worker_ids_.find(std::string(name));
+    if (it == worker_ids_.end()) return std::nullopt;
+    return it->second;
+  }
   // A worker joins (or rejoins) under a stable name; the same name gives the same id. `group`:
   // the group it registers with (empty: none), which from now on fences its requests (a later
   // registration under the same name replaces it). REQUIRES: join_group(group) succeeded.
@@ -463,11 +469,11 @@ class Run {
   uint64_t event_seq_ = 0;
   std::deque<RecentCompletion> recent_;
 
-  std::string group_;                   // the current group ("": none yet)
-  uint64_t generation_ = 0;             // + 1 for every group that took the run over
+  std::string group_;                    // the current group ("": none yet)
+  uint64_t generation_ = 0;              // + 1 for every group that took the run over
   std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
-  std::string restored_;                // what group_ restored: "cut N", "fresh", or ""
-  std::deque<Cut> cuts_;                // oldest first: complete ones, and pending of group_
+  std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
+  std::deque<Cut> cuts_;                 // oldest first: complete ones, and pending of group_
   uint64_t last_cut_ = 0;
   Rendezvous rendezvous_;
 

@@ -1101,18 +1101,56 @@ std::string_view Api::endpoint_of(std::string_view method, std::string_view targ
 
 namespace {
 
-// The canonical record of an accepted request: its parsed body written back compactly (no
-// whitespace, numbers in their shortest exact form), so that what the journal keeps of a
-// request is bounded by what the request may change, not by how many bytes it was sent in
-// (1 MiB of padding around a heartbeat journals as the heartbeat's few bytes). Unknown fields
-// were refused and every string is bounded, so the canonical body is bounded too. It replays
-// to the same state: the same values, parsed again.
-void write_canonical(const rapidjson::Value& doc, rapidjson::StringBuffer& out) {
+// The canonical record of a request: its body without the whitespace between tokens, strings
+// re-escaped, and each number as the client wrote it (its lexeme: replay parses the same text
+// the live request was parsed from, so a loss comes back to its last bit, which writing the
+// parsed double back does not promise with RapidJSON's fast parser). What the journal keeps of
+// a request is then bounded by what the request may change, not by how many bytes it was sent
+// in (1 MiB of padding around a heartbeat journals as the heartbeat's few bytes): unknown
+// fields are refused, every string is bounded, and so is every number's length (below).
+class CanonicalWriter
+    : public rapidjson::Writer<rapidjson::StringBuffer, rapidjson::UTF8<>, rapidjson::UTF8<>,
+                               rapidjson::CrtAllocator, rapidjson::kWriteNanAndInfFlag> {
+ public:
+  CanonicalWriter(rapidjson::StringBuffer& out, size_t max_number_chars)
+      : Writer(out), max_number_chars_(max_number_chars) {}
+  // (Hides Writer::RawNumber, which would write the lexeme as a string.)
+  bool RawNumber(const char* text, rapidjson::SizeType length, bool /*copy*/) {
+    if (length > max_number_chars_) {
+      too_long_ = length;
+      return false;
+    }
+    return RawValue(text, length, rapidjson::kNumberType);
+  }
+  size_t too_long() const { return too_long_; }
+
+ private:
+  size_t max_number_chars_;
+  size_t too_long_ = 0;
+};
+
+// REQUIRES: `body` parsed as a JSON object (parse_body), so it holds no NUL byte.
+Result<void> write_canonical(const std::string& body, rapidjson::StringBuffer& out,
+                             rapidjson::MemoryPoolAllocator<>& pool, size_t max_number_chars) {
   out.Clear();
-  rapidjson::Writer<rapidjson::StringBuffer, rapidjson::UTF8<>, rapidjson::UTF8<>,
-                    rapidjson::CrtAllocator, rapidjson::kWriteNanAndInfFlag>
-      writer(out);
-  doc.Accept(writer);
+  if (body.empty()) {
+    out.Put('{');
+    out.Put('}');
+    return {};
+  }
+  CanonicalWriter writer(out, max_number_chars);
+  rapidjson::GenericReader<rapidjson::UTF8<>, rapidjson::UTF8<>, rapidjson::MemoryPoolAllocator<>>
+      reader(&pool);
+  rapidjson::StringStream in(body.c_str());
+  reader.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag |
+               rapidjson::kParseNumbersAsStringsFlag>(in, writer);
+  if (writer.too_long() > 0) {
+    return invalid_argument("", "the body holds a number of " + std::to_string(writer.too_long()) +
+                                    " characters; at most " + std::to_string(max_number_chars) +
+                                    " (17 significant digits are exact for any double)");
+  }
+  TC_ASSERT(!reader.HasParseError());  // (it parsed as a document before)
+  return {};
 }
 
 }  // namespace
@@ -1133,6 +1171,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   arena_->pool.Clear();
   BodyDocument doc(&arena_->pool, 1024, &arena_->pool);
   TC_TRY_REPLY(parse_body(req.body, doc));
+  TC_TRY_REPLY(
+      write_canonical(req.body, arena_->journal_buffer, arena_->pool, limits_.max_number_chars));
   Fields body(doc, limits_.name_identity);
   r.body = &body;
   if (endpoint->grouped) {
@@ -1150,7 +1190,6 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   auto result = endpoint->handler(r);
   const auto* reply = std::get_if<HttpReply>(&result);
   if (!reply || (reply->status >= 200 && reply->status < 300)) {
-    write_canonical(doc, arena_->journal_buffer);
     journal_body_.assign(arena_->journal_buffer.GetString(), arena_->journal_buffer.GetSize());
   }
   return result;
@@ -1449,6 +1488,11 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
                        "run " + r.run->config().name + " has " +
                            std::to_string(r.api.limits_.max_workers_per_run) +
                            " workers, its limit (--max-workers-per-run)");
+  }
+  // A worker that registered with a group and registers again naming none is still of that
+  // group (Run::join keeps it): refused if the group was replaced, as its other requests are.
+  if (group.empty()) {
+    if (auto known = r.run->worker_id(name)) TC_TRY_REPLY(r.run->admit(*known, group));
   }
   // The group first: a refused one (stale) registers nothing.
   TC_TRY_ASSIGN(group_state, r.run->join_group(group));

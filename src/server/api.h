@@ -78,9 +78,12 @@ struct ApiLimits {
   // Names that identify (workers, groups, nodes, metrics) must be in NFC without invisible
   // characters (check_name_identity, core/user_text.h).
   bool name_identity = true;
+  // The longest number a request body may hold, in characters (padding such as 0.5000...0 is
+  // refused: the journal keeps each number as it was written).
+  size_t max_number_chars = 64;
   // None: for replaying a journal, whose records were accepted under the limits (and the name
-  // rules) of their day.
-  static ApiLimits none() { return {SIZE_MAX, SIZE_MAX, false}; }
+  // and number rules) of their day.
+  static ApiLimits none() { return {SIZE_MAX, SIZE_MAX, false, SIZE_MAX}; }
 };
 
 // What a request (or a parked acquire's retry) did to the state of its run, which says what

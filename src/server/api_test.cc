@@ -651,9 +651,9 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(refused.status, 409);
   EXPECT_EQ(code_of(refused), "restore_required");
   EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2"})").status, 400);
-  EXPECT_EQ(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})")
-                .status,
-            400);
+  EXPECT_EQ(
+      reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1, "fresh": true})").status,
+      400);
   EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 5})")),
             "cut_not_found");
   auto restored = json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})");
@@ -661,8 +661,8 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_EQ(restored["generation"].GetUint64(), 2u);
   EXPECT_EQ(restored["withdrawn_jobs"].GetUint64(), 1u);
   EXPECT_EQ(restored["leases_voided"].GetUint64(), 1u);
-  EXPECT_FALSE(json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"]
-                   .GetBool());
+  EXPECT_FALSE(
+      json("POST", "/v1/runs/r/restore", R"({"group": "g2", "cut": 1})")["restored"].GetBool());
   // The old group is refused everywhere, and nothing it sends is counted.
   for (const char* action : {"acquire", "heartbeat", "complete", "release", "leave", "cuts"}) {
     const std::string body =
@@ -771,9 +771,17 @@ TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsNam
             "stale_generation");
   json("POST", "/v1/runs/r/heartbeat", R"({"worker": 1})");
   json("POST", "/v1/runs/r/heartbeat", R"({"worker": 1, "group": "g2"})");
-  // Registered again under the new group, the name is the new group's.
+  // Registering again naming no group does not shed the group it registered with: refused.
+  const HttpReply shed = reply("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  EXPECT_EQ(code_of(shed), "stale_generation") << shed.body;
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/acquire", R"({"worker": 0})")), "stale_generation");
+  // Registered again under the new group, the name is the new group's; naming none then keeps
+  // it.
   json("POST", "/v1/runs/r/workers", R"({"name": "a", "group": "g2"})");
   json("POST", "/v1/runs/r/heartbeat", R"({"worker": 0})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/heartbeat", R"({"worker": 0, "group": "g9"})")),
+            "group_mismatch");
 }
 
 }  // namespace

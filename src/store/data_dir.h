@@ -102,6 +102,11 @@ class DataDir {
   // swapped in the meantime is refused).
   Result<void> lock(const std::string& pid_file) const {
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) {  // (not held by another: a file system without flock, ...)
+        return failed_precondition("cannot lock " + what_ + " " + path_ + ": " +
+                                   std::strerror(errno) +
+                                   " (the data dir must be on a local file system)");
+      }
       std::string holder = holder_of_lock();
       const int pf =
           holder.empty() ? ::openat(fd_, pid_file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
