@@ -113,8 +113,9 @@ TEST(Status, ALongRunsTableSaysItShowsTheLatestEpochs) {
       "epochs": [{"set": "train", "epoch": 9999, "closed": true, "loss": 0.5},
                  {"set": "dev", "epoch": 9999, "closed": false, "loss": null}]})");
   EXPECT_TRUE(contains(out, " 9999      0.5000   running\n")) << out;
-  EXPECT_TRUE(contains(out, "(the latest of 20000 epochs opened; `traincoord history r` lists "
-                            "them all)\n"))
+  EXPECT_TRUE(contains(out,
+                       "(the latest of 20000 epochs opened; `traincoord history r` lists "
+                       "them all)\n"))
       << out;
 }
 

@@ -42,8 +42,8 @@ inline constexpr std::string_view kRunCancelled = "run_cancelled";        // kFa
 inline constexpr std::string_view kNodeSecretMismatch = "node_secret_mismatch";  // kConflict
 inline constexpr std::string_view kRendezvousFull = "rendezvous_full";           // kConflict
 inline constexpr std::string_view kRendezvousSettingsConflict =
-    "rendezvous_settings_conflict";  // kConflict
-inline constexpr std::string_view kGroupMismatch = "group_mismatch";      // kConflict
+    "rendezvous_settings_conflict";                                   // kConflict
+inline constexpr std::string_view kGroupMismatch = "group_mismatch";  // kConflict
 }  // namespace error_reason
 
 struct Error {
