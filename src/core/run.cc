@@ -7,22 +7,6 @@
 
 namespace traincoord {
 
-std::string_view run_state_name(RunState state) {
-  switch (state) {
-    case RunState::kRunning:
-      return "running";
-    case RunState::kCompleted:
-      return "completed";
-    case RunState::kEarlyStopped:
-      return "early_stopped";
-    case RunState::kCancelled:
-      return "cancelled";
-    case RunState::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
-
 std::string_view completion_outcome_name(CompletionOutcome outcome) {
   switch (outcome) {
     case CompletionOutcome::kAccepted:
@@ -69,38 +53,7 @@ std::string_view event_kind_name(EventKind kind) {
   return "unknown";
 }
 
-double Epoch::metric(std::string_view name, bool sample_weighted) const {
-  for (const MetricSum& m : metrics) {
-    if (m.name != name) continue;
-    if (sample_weighted && m.samples > 0) return m.weighted;
-    if (m.count > 0) return m.plain;
-  }
-  return std::nan("");
-}
-
 namespace {
-
-// Folds the finite `x` into the running mean `mean` of finite values with weight `fraction` (its
-// share of the total weight so far, in (0, 1]). The result is a convex combination of the two,
-// so it stays within the range of what was folded in: no overflow to inf, whatever the
-// magnitudes (x - mean alone may overflow when both are huge and of opposite signs).
-double fold(double mean, double x, double fraction) {
-  const double step = x - mean;
-  const double next =
-      std::isfinite(step) ? mean + step * fraction : mean * (1 - fraction) + x * fraction;
-  // The last rounding of a value at the edge of the range may not tip it over.
-  return std::clamp(next, -std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
-}
-
-// Adds `samples` to a count that saturates at 2^64 - 1; returns the weight share of `samples`.
-double add_samples(uint64_t* total, uint64_t samples) {
-  const double fraction =
-      static_cast<double>(samples) / (static_cast<double>(*total) + static_cast<double>(samples));
-  *total = samples > std::numeric_limits<uint64_t>::max() - *total
-               ? std::numeric_limits<uint64_t>::max()
-               : *total + samples;
-  return fraction;
-}
 
 std::string job_name(const Epoch& e, uint64_t position) {
   return "job " + std::to_string(position) + " of " + std::string(set_name(e.plan.set)) +
@@ -114,7 +67,8 @@ Run::Run(RunConfig config, const Clock& clock)
       plan_(make_plan(config_)),
       clock_(clock),
       early_stop_(config_.early_stop),
-      next_epoch_(plan_.start_epoch) {
+      next_epoch_(plan_.start_epoch),
+      cuts_(config_.keep_cuts, plan_.batches_per_job) {
   if (!plan_.trains) {
     if (plan_.target_epoch > plan_.start_epoch) {  // seed_compat: the checkpoint covers it all
       const int64_t epochs = plan_.target_epoch - plan_.start_epoch;
@@ -508,32 +462,8 @@ Result<void> Run::check_completion(WorkerId worker, LeaseId lease) const {
 
 void Run::count_completion(Epoch& e, const Completion& c) {
   e.done += 1;
-  fold_report(e, c);
-}
-
-void Run::fold_report(Epoch& e, const Completion& c) {
-  if (std::isfinite(c.loss)) {
-    if (c.samples > 0)
-      e.weighted_loss = fold(e.weighted_loss, c.loss, add_samples(&e.samples, c.samples));
-    e.finite_jobs += 1;
-    e.plain_loss = fold(e.plain_loss, c.loss, 1.0 / static_cast<double>(e.finite_jobs));
-  } else {
-    e.nonfinite_jobs += 1;
-    counters_.nonfinite_losses += 1;
-  }
-  for (const Metric& m : c.metrics) {
-    auto it = std::find_if(e.metrics.begin(), e.metrics.end(),
-                           [&](const Epoch::MetricSum& s) { return s.name == m.name; });
-    if (it == e.metrics.end()) {
-      e.metrics.push_back(Epoch::MetricSum{m.name, 0, 0, 0, 0});
-      it = std::prev(e.metrics.end());
-    }
-    if (!std::isfinite(m.value)) continue;
-    if (c.samples > 0)
-      it->weighted = fold(it->weighted, m.value, add_samples(&it->samples, c.samples));
-    it->count += 1;
-    it->plain = fold(it->plain, m.value, 1.0 / static_cast<double>(it->count));
-  }
+  e.fold_report(c);
+  if (!std::isfinite(c.loss)) counters_.nonfinite_losses += 1;
 }
 
 Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion& completion) {
@@ -753,20 +683,6 @@ bool Run::is_past_group(std::string_view group) const {
   return std::find(past_groups_.begin(), past_groups_.end(), group) != past_groups_.end();
 }
 
-const Cut* Run::find_cut(uint64_t id) const {
-  for (const Cut& c : cuts_) {
-    if (c.id == id) return &c;
-  }
-  return nullptr;
-}
-
-const Cut* Run::latest_cut() const {
-  for (auto it = cuts_.rbegin(); it != cuts_.rend(); ++it) {
-    if (it->complete()) return &*it;
-  }
-  return nullptr;
-}
-
 uint64_t Run::jobs_done() const {
   uint64_t done = 0;
   for (const Epoch& e : epochs_) done += e.done;
@@ -874,10 +790,7 @@ void Run::take_over(std::string_view group, std::string target, uint64_t voided)
   group_ = std::string(group);
   generation_ += 1;
   restored_ = std::move(target);
-  // The shares of cuts the group before never completed can complete no more.
-  cuts_.erase(
-      std::remove_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }),
-      cuts_.end());
+  cuts_.drop_pending();
   emit(EventKind::kGroupStarted,
        "group " + group_ + " took over at generation " + std::to_string(generation_) +
            (before.empty()
@@ -885,7 +798,7 @@ void Run::take_over(std::string_view group, std::string target, uint64_t voided)
                 : " from group " + before + "; " + std::to_string(voided) + " leases voided"));
 }
 
-RunProgress Run::save_progress() const {
+RunProgress Run::progress() const {
   RunProgress p;
   p.state = state_;
   p.state_reason = state_reason_;
@@ -897,53 +810,20 @@ RunProgress Run::save_progress() const {
   p.next_is_dev = next_is_dev_;
   p.latest_of_set[0] = latest_of_set_[0];
   p.latest_of_set[1] = latest_of_set_[1];
-  // No lease survives into the saved state: every job in flight is open again (in position
-  // order, ahead of the jobs already handed back), as after a restore.
-  for (Epoch& e : p.epochs) {
-    if (e.closed()) continue;
-    std::vector<uint64_t> in_flight;
-    for (auto& [position, job] : e.active) {
-      if (job.live != 0) in_flight.push_back(position);
-      job.live = 0;
-      job.expired.clear();
-    }
-    std::sort(in_flight.begin(), in_flight.end());
-    e.requeue.insert(e.requeue.begin(), in_flight.begin(), in_flight.end());
-    e.leased = 0;
-  }
   return p;
 }
 
-void Run::complete_cut(Cut& cut) {
-  cut.saved = save_progress();
-  for (const Cut::Share& share : cut.shares) {
-    Epoch& e = cut.saved.epochs[share.epoch_slot];
-    // A job completed meanwhile through another lease (the share's lease had expired) is done
-    // whole: nothing of it stays open.
-    if (e.closed() || e.active.count(share.position) == 0) continue;
-    e.trained[share.position] += share.batches;
-    fold_report(e, share.completion);
-    cut.partial_jobs += 1;
-    cut.partial_batches += share.batches;
-  }
-  cut.shares.clear();
-  cut.shares.shrink_to_fit();
-  for (const Epoch& e : cut.saved.epochs) cut.jobs_done += e.done;
-  cut.completed_at = clock_.now();
-  counters_.cuts += 1;
-  emit(EventKind::kCutTaken, "cut " + std::to_string(cut.id) + " of group " + cut.group + " (" +
-                                 std::to_string(cut.world_size) +
-                                 " ranks): " + std::to_string(cut.jobs_done) + " jobs done, " +
-                                 std::to_string(cut.partial_jobs) + " partly trained");
-  // Keep the latest keep_cuts complete cuts.
-  size_t complete = 0;
-  for (const Cut& c : cuts_) complete += c.complete();
-  while (complete > config_.keep_cuts) {
-    auto oldest =
-        std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return c.complete(); });
-    cuts_.erase(oldest);
-    complete -= 1;
-  }
+void Run::take_progress(RunProgress p) {
+  state_ = p.state;
+  state_reason_ = std::move(p.state_reason);
+  early_stop_.restore(std::move(p.early_stop));
+  epochs_ = std::move(p.epochs);
+  running_ = std::move(p.running);
+  dev_to_judge_ = std::move(p.dev_to_judge);
+  next_epoch_ = p.next_epoch;
+  next_is_dev_ = p.next_is_dev;
+  latest_of_set_[0] = p.latest_of_set[0];
+  latest_of_set_[1] = p.latest_of_set[1];
 }
 
 Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t seq, uint32_t rank,
@@ -961,23 +841,9 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
     return invalid_argument("rank", "rank " + std::to_string(rank) + " is not below world_size " +
                                         std::to_string(world_size));
   }
-  auto existing = std::find_if(cuts_.begin(), cuts_.end(),
-                               [&](const Cut& c) { return c.group == group && c.seq == seq; });
-  auto reply_of = [](const Cut& c) {
-    return CutShareReply{c.id, c.complete(), c.ranks, c.world_size};
-  };
-  if (existing != cuts_.end()) {
-    if (existing->world_size != world_size) {
-      return conflict("cut " + std::to_string(existing->id) + " (the group's cut " +
-                          std::to_string(seq) + ") has world_size " +
-                          std::to_string(existing->world_size) + ", this share says " +
-                          std::to_string(world_size),
-                      error_reason::kCutMismatch);
-    }
-    if (std::binary_search(existing->ranks.begin(), existing->ranks.end(), rank)) {
-      return reply_of(*existing);  // a repeated share
-    }
-  }
+  auto repeated = cuts_.check_share(group, seq, rank, world_size);
+  if (!repeated) return tl::unexpected(repeated.error());
+  if (*repeated) return **repeated;
   // The parts, checked whole before anything changes.
   std::vector<Cut::Share> shares;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -1004,47 +870,24 @@ Result<CutShareReply> Run::cut(WorkerId worker, std::string_view group, uint64_t
                        " - 1 (a job trained whole is completed, not part of a cut); got " +
                        std::to_string(part.batches));
     }
-    if (existing != cuts_.end()) {
-      for (const Cut::Share& other : existing->shares) {
-        if (other.epoch_slot == it->second.epoch_slot && other.position == it->second.position) {
-          // Another rank's share has this job already (its lease expired and the job came
-          // here): the two trained parts would overlap.
-          return conflict("job " + std::to_string(other.position) + " of lease " +
-                              std::to_string(part.lease) + " is in another rank's share of cut " +
-                              std::to_string(existing->id) +
-                              " already (its lease there expired): take a new cut",
-                          error_reason::kLeaseNotHeld);
-        }
-      }
+    const Lease& l = it->second;
+    if (auto free = cuts_.check_part(group, seq, part.lease, l.epoch_slot, l.position); !free) {
+      return tl::unexpected(free.error());
     }
-    shares.push_back(
-        Cut::Share{it->second.epoch_slot, it->second.position, part.batches, part.completion});
+    shares.push_back(Cut::Share{l.epoch_slot, l.position, part.batches, part.completion});
   }
-  if (existing == cuts_.end()) {
-    size_t pending = 0;
-    for (const Cut& c : cuts_) pending += !c.complete();
-    if (pending >= kPendingCutsKept) {  // shares that never completed: drop the oldest
-      cuts_.erase(
-          std::find_if(cuts_.begin(), cuts_.end(), [](const Cut& c) { return !c.complete(); }));
-    }
-    Cut c;
-    c.id = ++last_cut_;
-    c.group = std::string(group);
-    c.seq = seq;
-    c.generation = generation_;
-    c.world_size = world_size;
-    c.created_at = clock_.now();
-    cuts_.push_back(std::move(c));
-    existing = std::prev(cuts_.end());
-  }
-  Cut& cut = *existing;
-  cut.ranks.insert(std::upper_bound(cut.ranks.begin(), cut.ranks.end(), rank), rank);
-  cut.shares.insert(cut.shares.end(), shares.begin(), shares.end());
-  const CutShareReply reply = reply_of(cut);
-  if (cut.ranks.size() == cut.world_size) {
-    complete_cut(cut);  // may drop older cuts: `cut` stays (it is the newest complete one)
-    return CutShareReply{reply.cut, true, reply.ranks, reply.world_size};
-  }
+  Cut& cut =
+      cuts_.add_share(group, seq, generation_, rank, world_size, std::move(shares), clock_.now());
+  CutShareReply reply = CutLedger::reply_of(cut);
+  if (cut.ranks.size() < cut.world_size) return reply;
+  counters_.nonfinite_losses += cuts_.complete(cut, progress(), clock_.now());
+  counters_.cuts += 1;
+  emit(EventKind::kCutTaken, "cut " + std::to_string(cut.id) + " of group " + cut.group + " (" +
+                                 std::to_string(cut.world_size) +
+                                 " ranks): " + std::to_string(cut.jobs_done) + " jobs done, " +
+                                 std::to_string(cut.partial_jobs) + " partly trained");
+  cuts_.keep_latest();  // (`cut` may dangle from here on)
+  reply.complete = true;
   return reply;
 }
 
@@ -1067,14 +910,10 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
     return failed_precondition("run " + config_.name + " was cancelled: " + state_reason_,
                                error_reason::kRunCancelled);
   }
-  const Cut* cut = nullptr;
   if (cut_id) {
-    cut = find_cut(*cut_id);
+    const Cut* cut = cuts_.find(*cut_id);
     if (cut == nullptr) {
-      std::string kept;
-      for (const Cut& c : cuts_) {
-        if (c.complete()) kept += (kept.empty() ? "" : ", ") + std::to_string(c.id);
-      }
+      const std::string kept = cuts_.complete_ids();
       return not_found(
           "run " + config_.name + " has no cut " + std::to_string(*cut_id) +
               (kept.empty() ? std::string(" (it has none)") : " (it keeps cuts " + kept + ")"),
@@ -1089,27 +928,15 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
   }
   const uint64_t done_before = jobs_done();
   const uint64_t voided_before = counters_.leases_voided;
-  take_over(group, target, void_leases());  // (drops pending cuts: `cut` is found again below)
+  take_over(group, target, void_leases());  // (drops the pending cuts)
   uint64_t withdrawn = 0;
   if (cut_id) {
-    // The cuts after it belong to the lineage the restore abandons: none of them is restored
-    // again, and they would push the cut restored out of the kept ones.
-    const uint64_t id = *cut_id;
-    cuts_.erase(std::remove_if(cuts_.begin(), cuts_.end(), [&](const Cut& c) { return c.id > id; }),
-                cuts_.end());
-    cut = find_cut(id);
-    const RunProgress& p = cut->saved;
-    withdrawn = done_before > cut->jobs_done ? done_before - cut->jobs_done : 0;
-    state_ = p.state;
-    state_reason_ = p.state_reason;
-    early_stop_.restore(p.early_stop);
-    epochs_ = p.epochs;
-    running_ = p.running;
-    dev_to_judge_ = p.dev_to_judge;
-    next_epoch_ = p.next_epoch;
-    next_is_dev_ = p.next_is_dev;
-    latest_of_set_[0] = p.latest_of_set[0];
-    latest_of_set_[1] = p.latest_of_set[1];
+    const Cut& cut = cuts_.restore(*cut_id);
+    withdrawn = done_before > cut.jobs_done ? done_before - cut.jobs_done : 0;
+    take_progress(cut.saved);
+    // What the cut promised, checked of the run as restored (no lease is left: void_leases).
+    TC_ASSERT(leases_.empty() && live_order_.empty());
+    cuts_.assert_restored(cut, progress());
     // The history of recent completions keeps only those the run, as restored, still counts:
     // a completion of the lineage abandoned is withdrawn, and its job will be trained again.
     std::erase_if(recent_, [&](const RecentCompletion& c) {

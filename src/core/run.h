@@ -1,12 +1,12 @@
 // One training run: its epochs of jobs, the leases that hand jobs to workers, the aggregation
-// of losses and the early-stop decision. Pure and single-threaded: time comes from the injected
-// clock, and nothing here touches a socket or a file.
+// of losses and the early-stop decision, the groups that take the run over and their
+// checkpoint cuts (kept by a CutLedger, core/cut_ledger.h). Pure and single-threaded: time comes
+// from the injected clock, and nothing here touches a socket or a file.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <list>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,31 +15,15 @@
 
 #include "core/batch_order.h"
 #include "core/clock.h"
+#include "core/cut_ledger.h"
 #include "core/early_stop.h"
 #include "core/error.h"
 #include "core/plan.h"
 #include "core/rendezvous.h"
 #include "core/run_config.h"
+#include "core/run_progress.h"
 
 namespace traincoord {
-
-using WorkerId = uint32_t;
-using LeaseId = uint64_t;  // issued 1, 2, 3, ... per run; 0 is never a lease
-
-enum class RunState : uint8_t { kRunning, kCompleted, kEarlyStopped, kCancelled, kFailed };
-std::string_view run_state_name(RunState state);
-
-struct Metric {
-  std::string name;
-  double value = 0;
-};
-
-// What a worker reports for a finished job.
-struct Completion {
-  double loss = 0;       // may be non-finite: then counted and reported, never averaged in
-  uint64_t samples = 0;  // the weight of the loss in the epoch's mean
-  std::vector<Metric> metrics;
-};
 
 // A job as handed to a worker, under a lease.
 struct Job {
@@ -86,61 +70,6 @@ struct Completed {
 struct NextJob {
   Completed completed;
   Acquired next;
-};
-
-// One epoch of one set, as opened by the run.
-struct Epoch {
-  EpochPlan plan;
-  uint64_t set_batches = 0;
-  TimeMs opened_at = 0;
-  std::optional<TimeMs> closed_at;
-
-  uint64_t done = 0;    // jobs completed
-  uint64_t failed = 0;  // jobs given up after max_attempts (skip policy)
-  uint64_t leased = 0;  // jobs under a live lease now
-  std::vector<uint64_t> failed_jobs;
-
-  // Aggregates of the counted completions, kept as running means rather than sums: a mean of
-  // finite values never leaves their range, where a sum of loss * samples overflows to inf
-  // (a loss of 1e300 over 2^53 samples). Sample counts saturate at 2^64 - 1, never wrap.
-  double weighted_loss = 0;  // sample-weighted mean of the finite losses (over `samples`)
-  uint64_t samples = 0;      // sum of samples over finite losses
-  double plain_loss = 0;     // plain mean of the finite losses (over `finite_jobs`)
-  uint64_t finite_jobs = 0;
-  uint64_t nonfinite_jobs = 0;
-  struct MetricSum {  // the running means of one named metric, as those of the loss
-    std::string name;
-    double weighted = 0;  // sample-weighted mean of its finite values
-    uint64_t samples = 0;
-    double plain = 0;  // plain mean of its finite values (over `count`)
-    uint64_t count = 0;
-  };
-  std::vector<MetricSum> metrics;
-  double loss = 0;  // the epoch loss; set when it closes (NaN when no job loss was finite)
-
-  uint64_t next_index = 0;  // the compatibility next_index counter of this epoch
-
-  bool closed() const { return closed_at.has_value(); }
-  uint64_t open_jobs() const { return (plan.end_job - cursor) + requeue.size(); }
-  uint64_t resolved() const { return done + failed; }
-  // The mean of a named metric over the epoch's counted completions (NaN when none).
-  double metric(std::string_view name, bool sample_weighted) const;
-
-  // Tracking of the jobs still in play; O(jobs in flight), never O(epoch size). A job at a
-  // position below `cursor` that is not in `active` has been resolved (done or failed).
-  struct ActiveJob {
-    uint32_t handouts = 0;         // how often the job was handed out
-    uint32_t failures = 0;         // attempts that expired or were reported failed
-    LeaseId live = 0;              // its live lease, or 0
-    std::vector<LeaseId> expired;  // expired leases whose late completion may still win
-  };
-  uint64_t cursor = 0;           // next position never handed out
-  std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
-  std::unordered_map<uint64_t, ActiveJob> active;
-  // Jobs partly trained before a restore: position -> batches of the job already in the model
-  // (and in the aggregates above). A hand-out of such a job covers only the batches after them.
-  // Only active jobs have an entry.
-  std::map<uint64_t, uint64_t> trained;
 };
 
 struct WorkerInfo {
@@ -205,62 +134,7 @@ struct RecentCompletion {
   TimeMs time = 0;
 };
 
-// ---- checkpoint cuts (docs/SEMANTICS.md, "Checkpoint cuts") ----
-
-// A rank's job partly trained when it gave its share of a cut: the first `batches` batches of
-// the job as it was handed out are in the checkpointed model, with the aggregates `completion`.
-struct CutPart {
-  LeaseId lease = 0;
-  uint64_t batches = 0;
-  Completion completion;
-};
-
-// The part of a run's state a cut saves and a restore puts back: what was trained (epochs and
-// their aggregates), the schedule, early stopping and the run's state. Leases are not part of
-// it: at a cut, every job in flight is open again (its partly trained batches excepted).
-struct RunProgress {
-  RunState state = RunState::kRunning;
-  std::string state_reason;
-  EarlyStopState early_stop;
-  std::vector<Epoch> epochs;
-  std::vector<uint32_t> running;
-  std::deque<uint32_t> dev_to_judge;
-  int64_t next_epoch = 0;
-  bool next_is_dev = false;
-  std::optional<uint32_t> latest_of_set[2];
-};
-
-struct Cut {
-  uint64_t id = 0;  // 1, 2, 3, ... per run
-  std::string group;
-  uint64_t seq = 0;  // the group's seq-th cut (each rank counts its own calls)
-  uint64_t generation = 0;
-  uint32_t world_size = 0;
-  std::vector<uint32_t> ranks;  // the ranks that gave their share, sorted
-  TimeMs created_at = 0;
-  std::optional<TimeMs> completed_at;  // complete once every rank of world_size gave its share
-  // The shares' partly trained jobs, as (epoch slot, position, part) until complete.
-  struct Share {
-    uint32_t epoch_slot = 0;
-    uint64_t position = 0;
-    uint64_t batches = 0;
-    Completion completion;
-  };
-  std::vector<Share> shares;
-  RunProgress saved;  // when complete: the run as of the cut
-  // When complete, for status: completed jobs, partly trained jobs and their trained batches.
-  uint64_t jobs_done = 0;
-  uint64_t partial_jobs = 0;
-  uint64_t partial_batches = 0;
-  bool complete() const { return completed_at.has_value(); }
-};
-
-struct CutShareReply {
-  uint64_t cut = 0;
-  bool complete = false;
-  std::vector<uint32_t> ranks;
-  uint32_t world_size = 0;
-};
+// ---- groups and checkpoint cuts (core/cut_ledger.h: the cuts themselves) ----
 
 struct Restored {
   bool restored = false;        // false: this group had restored the same target already
@@ -369,9 +243,9 @@ class Run {
                             uint32_t world_size, const std::vector<CutPart>& parts);
   // `group` takes the run over from the cut `cut` (nullopt: from the ledger as it is).
   Result<Restored> restore(std::string_view group, std::optional<uint64_t> cut);
-  const std::deque<Cut>& cuts() const { return cuts_; }
-  const Cut* find_cut(uint64_t id) const;
-  const Cut* latest_cut() const;  // the latest complete cut
+  const std::deque<Cut>& cuts() const { return cuts_.cuts(); }
+  const Cut* find_cut(uint64_t id) const { return cuts_.find(id); }
+  const Cut* latest_cut() const { return cuts_.latest(); }  // the latest complete cut
   const std::string& group() const { return group_; }
   uint64_t generation() const { return generation_; }
   // The rendezvous of the run's `launch` agents (core/rendezvous.h).
@@ -434,10 +308,10 @@ class Run {
   void remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome);
   void emit(EventKind kind, std::string text);
   TimeMs retry_hint() const;
-  void fold_report(Epoch& epoch, const Completion& completion);
   uint64_t void_leases();
-  RunProgress save_progress() const;
-  void complete_cut(Cut& cut);
+  // The run's progress (core/run_progress.h), leases and all; and taking one on.
+  RunProgress progress() const;
+  void take_progress(RunProgress progress);
   void take_over(std::string_view group, std::string target, uint64_t voided);
   bool is_past_group(std::string_view group) const;
   uint64_t jobs_done() const;
@@ -473,13 +347,12 @@ class Run {
   uint64_t generation_ = 0;              // + 1 for every group that took the run over
   std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
   std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
-  std::deque<Cut> cuts_;                 // oldest first: complete ones, and pending of group_
-  uint64_t last_cut_ = 0;
+  CutLedger cuts_;                       // complete cuts, and the pending ones of group_
   Rendezvous rendezvous_;
 
  public:
   static constexpr size_t kPastGroupsKept = 1024;
-  static constexpr size_t kPendingCutsKept = 16;
+  static constexpr size_t kPendingCutsKept = CutLedger::kPendingKept;
 };
 
 }  // namespace traincoord

@@ -430,29 +430,8 @@ std::string RunCodec::inconsistency(const Run& run) {
     }
   }
   if (!run.group_.empty() && run.generation_ == 0) return "a group at generation 0";
-  uint64_t last_id = 0;
-  for (const Cut& cut : run.cuts_) {
-    const std::string what = "cut " + std::to_string(cut.id);
-    if (cut.id <= last_id || cut.id > run.last_cut_) return what + " out of order";
-    last_id = cut.id;
-    if (cut.world_size == 0 || cut.ranks.size() > cut.world_size)
-      return what + " has too many ranks";
-    for (size_t i = 0; i < cut.ranks.size(); ++i) {
-      if (cut.ranks[i] >= cut.world_size || (i > 0 && cut.ranks[i] <= cut.ranks[i - 1])) {
-        return what + " has ranks out of order";
-      }
-    }
-    if (cut.complete() != (cut.ranks.size() == cut.world_size)) {
-      return what + " is complete or not against its ranks";
-    }
-    if (cut.complete() && !cut.shares.empty()) return what + " is complete with shares pending";
-    if (!cut.complete() && cut.group != run.group_) return what + " is pending for another group";
-    for (const Cut::Share& share : cut.shares) {
-      if (share.epoch_slot >= epochs) return what + " has a share of an epoch that does not exist";
-    }
-    for (uint32_t slot : cut.saved.running) {
-      if (slot >= cut.saved.epochs.size()) return what + " has a running epoch that does not exist";
-    }
+  if (std::string broken = run.cuts_.inconsistency(run.group_, epochs); !broken.empty()) {
+    return broken;
   }
   for (uint32_t slot : run.running_) {
     if (slot >= epochs) return "a running epoch that does not exist";
@@ -548,9 +527,9 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   w.u64(run.past_groups_.size());
   for (const std::string& g : run.past_groups_) w.str(g);
   w.str(run.restored_);
-  w.u64(run.last_cut_);
-  w.u64(run.cuts_.size());
-  for (const Cut& cut : run.cuts_) {
+  w.u64(run.cuts_.last_id_);
+  w.u64(run.cuts_.cuts_.size());
+  for (const Cut& cut : run.cuts_.cuts_) {
     w.u64(cut.id);
     w.str(cut.group);
     w.u64(cut.seq);
@@ -630,16 +609,7 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     return corrupt(broken);
   }
   bool slots_ok = true;
-  run->state_ = progress.state;
-  run->state_reason_ = std::move(progress.state_reason);
-  run->early_stop_.restore(std::move(progress.early_stop));
-  run->epochs_ = std::move(progress.epochs);
-  run->running_ = std::move(progress.running);
-  run->dev_to_judge_ = std::move(progress.dev_to_judge);
-  run->next_epoch_ = progress.next_epoch;
-  run->next_is_dev_ = progress.next_is_dev;
-  run->latest_of_set_[0] = progress.latest_of_set[0];
-  run->latest_of_set_[1] = progress.latest_of_set[1];
+  run->take_progress(std::move(progress));
   const uint64_t epochs = run->epochs_.size();
   auto slot = [&](uint64_t v) { return static_cast<uint32_t>(v < epochs ? v : 0); };
 
@@ -708,7 +678,7 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     run->generation_ = r.u64();
     for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) run->past_groups_.push_back(r.str());
     run->restored_ = r.str();
-    run->last_cut_ = r.u64();
+    run->cuts_.last_id_ = r.u64();
     for (uint64_t i = 0, n = r.count(); i < n && r.ok(); ++i) {
       Cut cut;
       cut.id = r.u64();
@@ -737,7 +707,7 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
         cut.partial_jobs = r.u64();
         cut.partial_batches = r.u64();
       }
-      run->cuts_.push_back(std::move(cut));
+      run->cuts_.cuts_.push_back(std::move(cut));
     }
   }
   if (format >= 5) {

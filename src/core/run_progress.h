@@ -1,0 +1,114 @@
+// What a run has trained: its epochs of jobs with their aggregates, the schedule of the epochs
+// still to open, early stopping and the run's state. This is the part of a run that a
+// checkpoint cut saves and a restore puts back (core/cut_ledger.h); Run (core/run.h) holds it
+// together with the leases, the workers and the groups.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/early_stop.h"
+#include "core/plan.h"
+
+namespace traincoord {
+
+using WorkerId = uint32_t;
+using LeaseId = uint64_t;  // issued 1, 2, 3, ... per run; 0 is never a lease
+
+enum class RunState : uint8_t { kRunning, kCompleted, kEarlyStopped, kCancelled, kFailed };
+std::string_view run_state_name(RunState state);
+
+struct Metric {
+  std::string name;
+  double value = 0;
+};
+
+// What a worker reports for a finished job.
+struct Completion {
+  double loss = 0;       // may be non-finite: then counted and reported, never averaged in
+  uint64_t samples = 0;  // the weight of the loss in the epoch's mean
+  std::vector<Metric> metrics;
+};
+
+// One epoch of one set, as opened by the run.
+struct Epoch {
+  EpochPlan plan;
+  uint64_t set_batches = 0;
+  TimeMs opened_at = 0;
+  std::optional<TimeMs> closed_at;
+
+  uint64_t done = 0;    // jobs completed
+  uint64_t failed = 0;  // jobs given up after max_attempts (skip policy)
+  uint64_t leased = 0;  // jobs under a live lease now
+  std::vector<uint64_t> failed_jobs;
+
+  // Aggregates of the counted completions, kept as running means rather than sums: a mean of
+  // finite values never leaves their range, where a sum of loss * samples overflows to inf
+  // (a loss of 1e300 over 2^53 samples). Sample counts saturate at 2^64 - 1, never wrap.
+  double weighted_loss = 0;  // sample-weighted mean of the finite losses (over `samples`)
+  uint64_t samples = 0;      // sum of samples over finite losses
+  double plain_loss = 0;     // plain mean of the finite losses (over `finite_jobs`)
+  uint64_t finite_jobs = 0;
+  uint64_t nonfinite_jobs = 0;
+  struct MetricSum {  // the running means of one named metric, as those of the loss
+    std::string name;
+    double weighted = 0;  // sample-weighted mean of its finite values
+    uint64_t samples = 0;
+    double plain = 0;  // plain mean of its finite values (over `count`)
+    uint64_t count = 0;
+  };
+  std::vector<MetricSum> metrics;
+  double loss = 0;  // the epoch loss; set when it closes (NaN when no job loss was finite)
+
+  uint64_t next_index = 0;  // the compatibility next_index counter of this epoch
+
+  bool closed() const { return closed_at.has_value(); }
+  uint64_t open_jobs() const { return (plan.end_job - cursor) + requeue.size(); }
+  uint64_t resolved() const { return done + failed; }
+  // The mean of a named metric over the epoch's counted completions (NaN when none).
+  double metric(std::string_view name, bool sample_weighted) const;
+  // Folds a report (of a whole job, or of the part of one a cut saved) into the aggregates: a
+  // finite loss into the means and finite_jobs, a non-finite one into nonfinite_jobs only; each
+  // metric likewise. Counts no job as done.
+  void fold_report(const Completion& completion);
+
+  // Tracking of the jobs still in play; O(jobs in flight), never O(epoch size). A job at a
+  // position below `cursor` that is not in `active` has been resolved (done or failed).
+  struct ActiveJob {
+    uint32_t handouts = 0;         // how often the job was handed out
+    uint32_t failures = 0;         // attempts that expired or were reported failed
+    LeaseId live = 0;              // its live lease, or 0
+    std::vector<LeaseId> expired;  // expired leases whose late completion may still win
+  };
+  uint64_t cursor = 0;           // next position never handed out
+  std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
+  std::unordered_map<uint64_t, ActiveJob> active;
+  // Jobs partly trained before a restore: position -> batches of the job already in the model
+  // (and in the aggregates above). A hand-out of such a job covers only the batches after them.
+  // Only active jobs have an entry.
+  std::map<uint64_t, uint64_t> trained;
+};
+
+// The part of a run's state a cut saves and a restore puts back: what was trained (epochs and
+// their aggregates), the schedule, early stopping and the run's state. Leases are not part of
+// it: at a cut, every job in flight is open again (its partly trained batches excepted).
+struct RunProgress {
+  RunState state = RunState::kRunning;
+  std::string state_reason;
+  EarlyStopState early_stop;
+  std::vector<Epoch> epochs;
+  std::vector<uint32_t> running;
+  std::deque<uint32_t> dev_to_judge;
+  int64_t next_epoch = 0;
+  bool next_is_dev = false;
+  std::optional<uint32_t> latest_of_set[2];
+};
+
+}  // namespace traincoord
