@@ -20,8 +20,9 @@
 // (restore) or goes on from the ledger as it is (start_fresh) before it asks for jobs.
 //
 // Guarantees: every call has a timeout; a coordinator that is down or restarting is retried
-// with exponential backoff and jitter until `give_up_after`, then the call fails with a clear
-// error; leases are kept alive by a background heartbeat thread. Nothing blocks forever.
+// with exponential backoff and jitter until `give_up_after` (with several coordinators, each in
+// turn, following the leader), then the call fails with a clear error naming every url tried;
+// leases are kept alive by a background heartbeat thread. Nothing blocks forever.
 //
 // Against a broken or hostile server: each request gets its whole reply within its timeout (a
 // total deadline, however slowly the bytes come, interim "100 Continue" replies included), and
@@ -60,9 +61,16 @@ inline constexpr std::chrono::milliseconds kHeartbeatIntervalMin{100};
 inline constexpr std::chrono::milliseconds kHeartbeatIntervalMax{60'000};
 
 struct Options {
-  std::string url = "http://127.0.0.1:8470";  // http://HOST:PORT, or https://HOST:PORT (TLS)
-  std::string run;                            // the run to work on
-  std::string worker_name;                    // stable name; default HOSTNAME-PID
+  // http://HOST:PORT, or https://HOST:PORT (TLS). Several coordinators (high availability,
+  // docs/API.md "Several coordinators"): their urls separated by commas, e.g. the value of
+  // $TRAINCOORD_URL that `traincoord launch` sets. The client finds the one that leads the run
+  // (a coordinator that does not answers not_leader, naming the leader), follows it when the
+  // leadership moves, tries the next url when one does not answer, and ignores the answers of a
+  // deposed leader (an older Traincoord-Term than one seen); every retry of a request carries
+  // the same request id, so a completion whose reply was lost is answered as a duplicate.
+  std::string url = "http://127.0.0.1:8470";
+  std::string run;          // the run to work on
+  std::string worker_name;  // stable name; default HOSTNAME-PID
   std::chrono::milliseconds connect_timeout{5'000};
   // One request, on top of a long poll: its whole reply must come within it.
   std::chrono::milliseconds request_timeout{30'000};
@@ -127,6 +135,10 @@ inline constexpr std::string_view kRendezvousFull = "rendezvous_full";
 inline constexpr std::string_view kRendezvousSettingsConflict = "rendezvous_settings_conflict";
 // 409: a request names another group than the one its worker registered with.
 inline constexpr std::string_view kGroupMismatch = "group_mismatch";
+// 421: high availability (several coordinators): this one does not lead the run. Both clients
+// follow it on their own (to the leader it names, else the next url); a program meets it only
+// when no coordinator led the run within give_up_after.
+inline constexpr std::string_view kNotLeader = "not_leader";
 inline constexpr std::string_view kCutTimeout = "cut_timeout";   // the client's own: wait_for_cut
 inline constexpr std::string_view kUnreachable = "unreachable";  // the client's own
 inline constexpr std::string_view kTls = "tls";                  // the client's own
@@ -234,7 +246,8 @@ struct Restored {
   std::string state;  // the run's state after it ("running" for a run that runs again)
 };
 
-class Connection;
+class Channel;
+class Coordinators;
 
 class Worker {
  public:
@@ -328,15 +341,18 @@ class Worker {
   Result<std::vector<Job>> take_acquired(reply::Acquired acquired);
   std::string request_name(const std::string& action) const;  // "POST /v1/runs/RUN/ACTION"
   std::string completion_body(const Job& job, const Completion& completion, bool next) const;
+  std::unique_ptr<Channel> make_channel() const;  // connections to the coordinators
   void heartbeat_loop();
   void hold(uint64_t lease);  // the heartbeat thread keeps these leases alive, and only these
   void drop(uint64_t lease);
 
   Options options_;
-  std::shared_ptr<void> tls_;  // the TLS context (https), shared with the heartbeat connection
-  std::unique_ptr<Connection> connection_;
-  std::mutex aside_mu_;  // the side connection (the cut methods), made on first use
-  std::unique_ptr<Connection> aside_;
+  // The coordinators (Options::url), which one leads and the latest term: shared by the
+  // connections of the calls, of the side calls and of the heartbeats.
+  std::shared_ptr<Coordinators> coordinators_;
+  std::unique_ptr<Channel> channel_;
+  std::mutex aside_mu_;  // the side connections (the cut methods), made on first use
+  std::unique_ptr<Channel> aside_;
   mutable std::mutex group_mu_;  // what the coordinator said of the group
   uint64_t generation_ = 0;
   bool restore_required_ = false;
@@ -434,9 +450,11 @@ class SampleOrder {
 };
 
 // One GET against a coordinator (for tools such as `traincoord status`): the body of a 200, or
-// the error. No retries. An https:// url takes its TLS files from the environment (above).
-// `timeout` bounds the connection and, separately, the whole reply; a reply over
-// `max_reply_bytes` is a bad_reply.
+// the error. No retries, except that with several urls (comma-separated) it goes to the leader
+// (a not_leader answer naming it is followed; one that does not answer: the next url), once
+// round the list at most; the error then names every url and what each answered. An https:// url
+// takes its TLS files from the environment (above). `timeout` bounds the connection and,
+// separately, the whole reply; a reply over `max_reply_bytes` is a bad_reply.
 Result<std::string> get(const std::string& url, const std::string& path,
                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
                         const std::string& token = "", size_t max_reply_bytes = kMaxReplyBytes);

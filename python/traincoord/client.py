@@ -39,6 +39,10 @@ CUT_NOT_FOUND = "cut_not_found"
 CUT_INCOMPLETE = "cut_incomplete"  # not every rank gave its share (yet)
 CUT_MISMATCH = "cut_mismatch"  # ranks disagree on the cut's world size
 LEASE_NOT_HELD = "lease_not_held"  # a cut part names a lease that is not live any more
+# High availability (docs/PYTHON.md, "Several coordinators"): 421 from a coordinator that does
+# not lead the run. The client follows it on its own; a program meets it only when no
+# coordinator led the run within give_up_after.
+NOT_LEADER = "not_leader"
 # The coordinator restarted without its state and no longer knows the worker or the lease: a
 # completion is lost and its job will be handed out again.
 _FORGOTTEN = (WORKER_NOT_REGISTERED, LEASE_UNKNOWN)
@@ -328,6 +332,8 @@ class _Connection:
         self.give_up_after: float | None = None  # overrides the run's (e.g. while closing)
         self.reason = ""  # of the last reply: its reason phrase and Location header
         self.location: str | None = None
+        # ... and its Traincoord-Term header (several coordinators; None from a single one)
+        self.term: str | None = None
 
     def request(self, method: str, path: str, body: Any,
                 timeout: float) -> tuple[int, bytes | bytearray]:
@@ -365,6 +371,7 @@ class _Connection:
                 self.conn.request(method, path, body=data, headers=headers)
                 response = self.conn.getresponse()
                 self.reason, self.location = response.reason, response.getheader("Location")
+                self.term = response.getheader("Traincoord-Term")
                 return response.status, self._read_body(response, method, path)
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 self.close()
@@ -398,10 +405,143 @@ class _Connection:
         self.conn = None
 
 
+def _split_urls(url: "str | list[str] | tuple[str, ...]") -> list[str]:
+    """The coordinator urls of `url`: one, a comma-separated string, or a list (of urls or of
+    comma-separated strings); each http(s)://HOST:PORT (or HOST:PORT), without a trailing /."""
+    items = [url] if isinstance(url, str) else list(url)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise CoordinatorError(f"url must be a string or a list of strings, got {item!r}",
+                                   code="invalid_argument", field="url")
+        for one in item.split(","):
+            one = one.strip().rstrip("/")
+            if not one:
+                continue
+            parsed = urllib.parse.urlparse(one if "://" in one else "http://" + one)
+            try:
+                port = parsed.port
+            except ValueError:
+                port = None
+            if parsed.scheme not in ("http", "https") or not port or not parsed.hostname:
+                raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT "
+                                       f"(several separated by commas), got {one!r}",
+                                       code="invalid_argument", field="url")
+            if one not in out:
+                out.append(one)
+    if not out:
+        raise CoordinatorError("no coordinator url given: http://HOST:PORT, or several "
+                               "separated by commas", code="invalid_argument", field="url")
+    return out
+
+
+class _Coordinators:
+    """The coordinators of one run (docs/PYTHON.md, "Several coordinators"): the urls given and
+    the leaders they named, which one is believed to lead, and the highest term
+    (Traincoord-Term) seen. Shared by a run's connections (its calls, its feeds, its heartbeats),
+    so that what one learns the others use. Thread-safe."""
+
+    MAX_NAMED = 16  # leaders named that were not in the list
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self.leader = 0
+        self.term = 0
+        self._named = 0
+        self._lock = threading.Lock()
+
+    def failed(self, i: int) -> None:
+        """Coordinator i did not do: the next one (round robin), unless another thread moved."""
+        with self._lock:
+            if self.leader == i:
+                self.leader = (i + 1) % len(self.urls)
+
+    def index_of(self, url: str) -> int | None:
+        """The index of a leader a coordinator named (added when new); None for a url that is
+        not http(s)://HOST:PORT, or when too many were named."""
+        url = url.rstrip("/")
+        with self._lock:
+            if url in self.urls:
+                return self.urls.index(url)
+            try:
+                _split_urls(url)
+            except CoordinatorError:
+                return None
+            if self._named >= self.MAX_NAMED:
+                return None
+            self._named += 1
+            self.urls.append(url)
+            return len(self.urls) - 1
+
+    def note_term(self, term: int | None) -> bool:
+        """Notes a reply's term: False when it is older than one seen (a deposed leader's)."""
+        if term is None:
+            return True
+        with self._lock:
+            if term < self.term:
+                return False
+            self.term = term
+            return True
+
+
+class _Channel:
+    """A connection to each coordinator of a run, for one thread, made on first use."""
+
+    def __init__(self, coordinators: _Coordinators, timeout: float, token: str,
+                 tls: "Callable[[], ssl.SSLContext]", max_reply_bytes: int) -> None:
+        self.coordinators = coordinators
+        self.timeout, self.token, self._tls = timeout, token, tls
+        self.max_reply_bytes = max_reply_bytes
+        self.give_up_after: float | None = None  # overrides the run's (e.g. while closing)
+        self._connections: dict[str, _Connection] = {}
+
+    def to(self, url: str) -> "_Connection":
+        conn = self._connections.get(url)
+        if conn is None:
+            parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
+            tls = self._tls() if parsed.scheme == "https" else None
+            conn = _Connection(parsed.hostname, parsed.port, self.timeout, self.token, tls,
+                               self.max_reply_bytes)
+            self._connections[url] = conn
+        return conn
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+
+
+def _term_of(value: str | None) -> int | None:
+    """A Traincoord-Term header: its integer, or None (absent: a single coordinator)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value.strip())
+
+
+def _not_leader(status: int, data: bytes) -> dict[str, Any] | None:
+    """The error object of a 421 not_leader answer, or None for any other reply."""
+    if status != 421:
+        return None
+    try:
+        reply = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    err = reply.get("error") if isinstance(reply, dict) else None
+    if not isinstance(err, dict) or err.get("code") != NOT_LEADER:
+        return None
+    return err
+
+
+# not_leader answers naming a leader followed in a row before backing off (two coordinators that
+# name each other must not make the client spin).
+_MAX_HOPS = 3
+
+
 class Run:
     """A worker of one run on a coordinator: registers on construction.
 
-    url: the coordinator (http://HOST:PORT, or https://HOST:PORT for TLS); run: the run's name; worker: a stable name
+    url: the coordinator (http://HOST:PORT, or https://HOST:PORT for TLS); or several
+    coordinators (high availability): a list of urls, or one string of urls separated by commas
+    (docs/PYTHON.md, "Several coordinators"). run: the run's name; worker: a stable name
     (default HOSTNAME-PID). timeout: seconds for one request; long_poll: seconds the server may
     hold an acquire while there is no job; give_up_after: seconds of failure before
     Unreachable; heartbeats: extend leases from a background thread; token: the run's worker
@@ -431,33 +571,34 @@ class Run:
     logger (the URL and the error).
     """
 
-    def __init__(self, url: str, run: str, worker: str | None = None, *, timeout: float = 30.0,
+    def __init__(self, url: "str | list[str]", run: str, worker: str | None = None, *,
+                 timeout: float = 30.0,
                  long_poll: float = 20.0, give_up_after: float = 300.0,
                  heartbeats: bool = True, token: str | None = None, ca_file: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None,
                  jobs_per_request: int = 1, first_contact_timeout: float = 10.0,
                  group: str | None = None, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
-        parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
-        if parsed.scheme not in ("http", "https") or not parsed.port:
-            raise CoordinatorError(f"url must be http://HOST:PORT or https://HOST:PORT, got {url!r}",
-                                   field="url")
+        urls = _split_urls(url)
         if not 1 <= jobs_per_request <= 64:
             raise CoordinatorError(f"jobs_per_request must be 1 to 64, got {jobs_per_request}",
                                    field="jobs_per_request")
         self.jobs_per_request = jobs_per_request
-        self.url, self.run = url, run
+        # self.url: the coordinators' urls as one string ("http://a:8470,http://b:8470").
+        self.url, self.urls, self.run = ",".join(urls), urls, run
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
         self.first_contact_timeout = first_contact_timeout
         self._reached = False  # whether the coordinator has answered this client once
         self._feeds: list[JobFeed] = []
         self._pid = os.getpid()
-        self._host, self._port = parsed.hostname, parsed.port
         self._token = token if token is not None else _token_from_environment()
-        self._tls = _tls_context(ca_file, cert_file, key_file) if parsed.scheme == "https" else None
+        self._tls_files = (ca_file, cert_file, key_file)
+        self._tls: ssl.SSLContext | None = None
+        if any(u.startswith("https://") for u in urls):
+            self._tls_context()  # a bad CA or certificate file is said at once
         self.max_reply_bytes = max_reply_bytes
-        self._conn = _Connection(self._host, self._port, timeout, self._token, self._tls,
-                                 max_reply_bytes)
+        self._coordinators = _Coordinators(urls)
+        self._conn = self._channel()
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._current: Job | None = None
@@ -479,12 +620,27 @@ class Run:
             self._heartbeats.start()
         _open_runs.add(self)
 
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = _tls_context(*self._tls_files)
+        return self._tls
+
+    def _channel(self) -> _Channel:
+        """Connections of their own to the coordinators (one thread's)."""
+        return _Channel(self._coordinators, self.timeout, self._token, self._tls_context,
+                        self.max_reply_bytes)
+
+    @property
+    def leader(self) -> str:
+        """The url of the coordinator this worker believes leads the run (its last answer)."""
+        return self._coordinators.urls[self._coordinators.leader]
+
     @classmethod
     def from_env(cls, **kwargs: Any) -> "Run":
         """The run that ``traincoord launch`` (or the user) describes in the environment:
-        TRAINCOORD_URL, TRAINCOORD_RUN and TRAINCOORD_WORKER, and the group of this start of
-        the workers, TRAINCOORD_GROUP (``launch`` sets a new one for each restart of the group;
-        unset: ungrouped)."""
+        TRAINCOORD_URL (one url, or several separated by commas), TRAINCOORD_RUN and
+        TRAINCOORD_WORKER, and the group of this start of the workers, TRAINCOORD_GROUP
+        (``launch`` sets a new one for each restart of the group; unset: ungrouped)."""
         try:
             url, run = os.environ["TRAINCOORD_URL"], os.environ["TRAINCOORD_RUN"]
         except KeyError as missing:
@@ -738,7 +894,7 @@ class Run:
     def _in_loop(self, job: Job) -> bool:
         return self._current is job
 
-    def _register(self, conn: "_Connection | None" = None) -> None:
+    def _register(self, conn: "_Channel | None" = None) -> None:
         reply = self._post("workers", {"name": self.worker}, registering=True, conn=conn)
         worker = _field(reply, "worker", "int")
         interval = _field(reply, "heartbeat_interval_ms", "number") / 1000.0
@@ -814,7 +970,7 @@ class Run:
         self._post("fail", {"worker": self.id, "lease": job.lease, "reason": reason[:1000]})
 
     def _post(self, action: str, body: dict[str, Any], extra: float = 0,
-              registering: bool = False, conn: "_Connection | None" = None) -> dict[str, Any]:
+              registering: bool = False, conn: "_Channel | None" = None) -> dict[str, Any]:
         if self.group:
             body = {**body, "group": self.group}
         try:
@@ -827,60 +983,139 @@ class Run:
             raise
 
     def _request(self, method: str, path: str, body: Any, extra: float,
-                 conn: "_Connection | None" = None) -> dict[str, Any]:
-        """One request, retried with exponential backoff and full jitter while the coordinator
-        is unreachable or answers 5xx, for at most give_up_after seconds (first_contact_timeout
-        before the coordinator has answered this client once). Each retry logs a warning."""
+                 conn: "_Channel | None" = None, one_round: bool = False) -> dict[str, Any]:
+        """One request to the coordinator believed to lead the run, retried with exponential
+        backoff and full jitter while no coordinator does, for at most give_up_after seconds
+        (first_contact_timeout before a coordinator has answered this client once). With several
+        coordinators (docs/PYTHON.md, "Several coordinators"): a not_leader answer naming the
+        leader is retried there at once; one naming none, after its retry_after_ms, at the next
+        url; no answer, or an answer of an older term than one seen (a deposed leader's,
+        ignored), at the next url at once, and after a backoff once every url failed in a row;
+        a 5xx at the same coordinator after a backoff. The same body every time: its request
+        id makes the retries idempotent. Each retry logs a warning. one_round: give up once
+        every url failed once, without waiting (heartbeats)."""
         conn = conn or self._conn
+        co = conn.coordinators
         failing_since = None
         backoff = 0.1
+        tried: dict[str, str] = {}  # each url tried: its last error
+        failed_in_a_row = hops = 0
+        last = ""
         while True:
             attempt_started = time.monotonic()
+            at = co.leader
+            url = co.urls[at]
+            one = conn.to(url)
+            pause = None  # what not_leader asked for; else the backoff
+            next_url = False  # move on to the next url without waiting
             try:
-                status, data = conn.request(method, path, body, self.timeout + extra)
-                if status < 500:
+                status, data = one.request(method, path, body, self.timeout + extra)
+                seen = co.term
+                term = _term_of(one.term)
+                refused = _not_leader(status, data)
+                if not co.note_term(term):
+                    last = (f"answered as the leader of term {term}, older than term {seen} "
+                            "seen: a deposed leader; its answer was ignored")
+                    co.failed(at)
+                    next_url = True
+                elif refused is not None:
+                    self._reached = True
+                    leader, leader_term = refused.get("leader"), refused.get("term")
+                    to = None
+                    if isinstance(leader, str) and leader and co.note_term(
+                            leader_term if isinstance(leader_term, int) else None):
+                        to = co.index_of(leader)
+                    if to is not None and to != at:
+                        co.leader = to
+                        hops += 1
+                        tried[url] = f"not the leader; it named {leader}"
+                        if hops <= _MAX_HOPS:
+                            continue
+                        last = tried[url]
+                    else:
+                        co.failed(at)
+                        wait_ms = refused.get("retry_after_ms")
+                        wait_ms = wait_ms if isinstance(wait_ms, int) else 100
+                        pause = min(max(wait_ms, 0), 10_000) / 1000.0
+                        next_url = True
+                        last = (f"HTTP 421 not_leader: "
+                                f"{refused.get('message') or 'no leader known'}")
+                elif status < 500:
                     self._reached = True
                     if status in (200, 201):
                         return _parse_reply(data, f"{method} {path}")
-                    raise _refusal(method, path, status, conn.reason, conn.location, data)
-                last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
+                    raise _refusal(method, path, status, one.reason, one.location, data)
+                else:
+                    last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
             except ssl.SSLError as e:
                 if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
                     last = f"{type(e).__name__}: {e}"  # closed mid-way: retried
+                    co.failed(at)
+                    next_url = True
                 else:  # an alert (e.g. no client certificate): retrying will not help
-                    raise CoordinatorError(f"TLS: the coordinator at {self.url} refused the "
+                    raise CoordinatorError(f"TLS: the coordinator at {url} refused the "
                                            f"connection: {e.reason or e}", code="tls") from None
             except socket.gaierror as e:
-                last = f"cannot resolve host {self._host!r}: {e.strerror or e}"
+                last = f"cannot resolve host {one.host!r}: {e.strerror or e}"
+                co.failed(at)
+                next_url = True
             except ConnectionRefusedError:
-                last = f"connection refused by {self._host}:{self._port}"
+                last = f"connection refused by {one.host}:{one.port}"
+                co.failed(at)
+                next_url = True
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
+                co.failed(at)
+                next_url = True
+            tried[url] = last
             now = time.monotonic()
             failing_since = failing_since or attempt_started  # the first failing attempt began
             window = self.give_up_after if self._reached else self.first_contact_timeout
             if conn.give_up_after is not None:
                 window = min(window, conn.give_up_after)
-            if now - failing_since >= window:
-                if not self._reached:
-                    raise Unreachable(
-                        f"cannot reach the coordinator at {self.url} ({last}); tried for "
-                        f"{now - failing_since:.0f} s. Is `traincoord serve` running there, and "
-                        "is the URL right? (first_contact_timeout sets how long to try)",
-                        code="unreachable")
-                raise Unreachable(f"the coordinator at {self.url} has not answered for "
-                                  f"{now - failing_since:.0f} s; giving up (last error: {last})",
-                                  code="unreachable")
-            pause = random.uniform(backoff / 2, backoff)
+            failed_in_a_row += 1
+            if (one_round and failed_in_a_row >= len(co.urls)) or now - failing_since >= window:
+                raise self._give_up(tried, last, now - failing_since, refused_only=all(
+                    w.startswith("HTTP 421") for w in tried.values()))
+            if one_round:
+                co.failed(at)
+                continue
+            if next_url and failed_in_a_row % len(co.urls) != 0:
+                continue  # the next url, at once
+            hops = 0
+            if pause is None:
+                pause = random.uniform(backoff / 2, backoff)
+                backoff = min(5.0, backoff * 2)
             log.warning("%s %s%s: %s; retrying in %.1f s (failing for %.0f s, giving up after "
-                        "%.0f s)", method, self.url, path, last, pause, now - failing_since,
+                        "%.0f s)", method, url, path, last, pause, now - failing_since,
                         window)
             time.sleep(pause)
-            backoff = min(5.0, backoff * 2)
+
+    def _give_up(self, tried: dict[str, str], last: str, failing_for: float,
+                 refused_only: bool) -> CoordinatorError:
+        """The error of a request given up: names every url tried and what each answered."""
+        if len(tried) > 1:
+            each = "; ".join(f"{u}: {w}" for u, w in tried.items())
+            message = (f"no coordinator of {self.url} led the run or answered for "
+                       f"{failing_for:.0f} s; giving up (the last error of each: {each})")
+            if not self._reached:
+                message += (". Is `traincoord serve` running there, and are the URLs right? "
+                            "(first_contact_timeout sets how long to try)")
+            return Unreachable(message, code=NOT_LEADER if refused_only else "unreachable")
+        if not self._reached:
+            return Unreachable(
+                f"cannot reach the coordinator at {self.url} ({last}); tried for "
+                f"{failing_for:.0f} s. Is `traincoord serve` running there, and "
+                "is the URL right? (first_contact_timeout sets how long to try)",
+                code="unreachable")
+        return Unreachable(f"the coordinator at {self.url} has not answered for "
+                           f"{failing_for:.0f} s; giving up (last error: {last})",
+                           code=NOT_LEADER if refused_only else "unreachable")
 
     def _heartbeat_loop(self) -> None:
-        conn = _Connection(self._host, self._port, self.timeout, self._token, self._tls,
-                           self.max_reply_bytes)
+        # Connections of its own; each heartbeat follows the leader as a call does, within one
+        # round over the coordinators, so that leases stay alive across a failover.
+        conn = self._channel()
         while not self._stop.wait(self.heartbeat_interval):
             with self._lock:
                 leases = sorted(self._held)
@@ -888,8 +1123,9 @@ class Run:
                 body: dict[str, Any] = {"worker": self.id, "leases": leases}
                 if self.group:
                     body["group"] = self.group
-                conn.request("POST", f"/v1/runs/{self.run}/heartbeat", body,
-                             min(self.timeout, self.heartbeat_interval))
+                self._request("POST", f"/v1/runs/{self.run}/heartbeat", body,
+                              min(self.timeout, self.heartbeat_interval) - self.timeout,
+                              conn, one_round=True)
             except (OSError, http.client.HTTPException, CoordinatorError):
                 pass  # the next heartbeat may get through in time
         conn.close()
@@ -911,8 +1147,7 @@ class JobFeed:
             raise CoordinatorError(f"depth must be 1 to 64, got {depth}", field="depth")
         self._run, self._depth, self._prepare = run, depth, prepare
         self._before_close = before_close
-        self._conn = _Connection(run._host, run._port, run.timeout, run._token, run._tls,
-                                 run.max_reply_bytes)
+        self._conn = run._channel()
         self._cv = threading.Condition()
         self._ready: collections.deque[Job] = collections.deque()
         self._outbox: list[Job] = []

@@ -595,8 +595,10 @@ int launch(const LaunchArgs& args) {
     if (interrupted) break;
     if (!standing) {
       const client::ClientError& e = standing.error();
+      // (not_leader: several coordinators, and none leads the run yet: an election)
       const bool transient =
-          e.code == client::codes::kUnreachable || e.http_status == 503 || e.code == "not_found" ||
+          e.code == client::codes::kUnreachable || e.code == client::codes::kNotLeader ||
+          e.http_status == 503 || e.code == "not_found" ||
           e.code == client::codes::kNodeSecretMismatch || e.code == client::codes::kRendezvousFull;
       if (!transient) {
         gave_up = true;

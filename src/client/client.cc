@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -64,6 +65,47 @@ Result<Endpoint> parse_url(const std::string& url) {
   Endpoint e{rest.substr(0, colon), rest.substr(colon + 1), tls};
   if (e.host.size() >= 2 && e.host.front() == '[') e.host = e.host.substr(1, e.host.size() - 2);
   return e;
+}
+
+// A Traincoord-Term header: a positive integer of at most 19 digits, else none.
+std::optional<uint64_t> parse_term(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t term = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    term = term * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return term;
+}
+
+// The urls of Options::url (or of get()'s url): one, or a comma-separated list (spaces around
+// each ignored; empty items skipped). Fails naming the first that is not http(s)://HOST:PORT.
+Result<std::vector<std::string>> split_urls(const std::string& urls) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (from <= urls.size()) {
+    size_t comma = urls.find(',', from);
+    if (comma == std::string::npos) comma = urls.size();
+    std::string item = urls.substr(from, comma - from);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) {
+      item.erase(0, 1);
+    }
+    while (!item.empty() &&
+           (std::isspace(static_cast<unsigned char>(item.back())) || item.back() == '/')) {
+      item.pop_back();
+    }
+    if (!item.empty()) {
+      if (auto e = parse_url(item); !e) return tl::unexpected(e.error());
+      if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(std::move(item));
+    }
+    from = comma + 1;
+  }
+  if (out.empty()) {
+    return tl::unexpected(ClientError{
+        0, "invalid_argument",
+        "no coordinator url given: http://HOST:PORT, or several separated by commas", "url"});
+  }
+  return out;
 }
 
 ClientError unreachable(const std::string& what) {
@@ -176,6 +218,10 @@ class Connection {
     std::string reason;
     std::string location;  // the Location header (a redirect)
     std::string body;
+    // High availability: the leadership that answered (Traincoord-Term; absent from a single
+    // coordinator, or not a number) and its url (Traincoord-Leader).
+    std::optional<uint64_t> term;
+    std::string leader;
   };
 
   // One request: its final reply (interim 1xx replies skipped), all of it within `timeout` (a
@@ -262,8 +308,13 @@ class Connection {
     }
     auto& res = parser->get();
     if (!res.keep_alive()) close();
-    Response out{static_cast<int>(res.result_int()), std::string(res.reason()),
-                 std::string(res[http::field::location]), std::move(res.body())};
+    Response out{static_cast<int>(res.result_int()),
+                 std::string(res.reason()),
+                 std::string(res[http::field::location]),
+                 std::move(res.body()),
+                 std::nullopt,
+                 std::string(res["Traincoord-Leader"])};
+    out.term = parse_term(std::string(res["Traincoord-Term"]));
     return out;
   }
 
@@ -362,11 +413,130 @@ class Connection {
   bool connected_ = false;
 };
 
-// The TLS context an endpoint needs (none for http://).
-Result<std::shared_ptr<ssl::context>> tls_for(const Endpoint& endpoint, const Options& options) {
-  if (!endpoint.tls) return std::shared_ptr<ssl::context>();
-  return make_tls_context(options.ca_file, options.cert_file, options.key_file);
-}
+// The coordinators a client talks to for one run (docs/API.md, "Several coordinators"): the urls
+// it was given, and the leaders they named; which one it believes leads the run; the highest
+// term (Traincoord-Term) it saw. Shared by the connections of a worker (its calls, its side
+// calls, its heartbeats), so that what one learns the others use. Thread-safe.
+class Coordinators {
+ public:
+  // REQUIRES: `urls` from split_urls (each parses). The TLS files are Options' (empty: the
+  // environment's), used when an https url is first met.
+  Coordinators(std::vector<std::string> urls, const Options& tls_files)
+      : urls_(std::move(urls)), tls_files_(tls_files) {}
+
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return urls_.size();
+  }
+  std::string url(size_t i) const {
+    std::lock_guard lock(mu_);
+    return urls_.at(i);
+  }
+  // "http://a:8470" or "http://a:8470, http://b:8470".
+  std::string list() const {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (const auto& u : urls_) out += (out.empty() ? "" : ", ") + u;
+    return out;
+  }
+  size_t leader() const {
+    std::lock_guard lock(mu_);
+    return leader_;
+  }
+  void set_leader(size_t i) {
+    std::lock_guard lock(mu_);
+    leader_ = i % urls_.size();
+  }
+  // Coordinator `i` failed: the next one (round robin) is tried, unless another thread moved on
+  // already.
+  void failed(size_t i) {
+    std::lock_guard lock(mu_);
+    if (leader_ == i) leader_ = (i + 1) % urls_.size();
+  }
+  // The index of the leader a coordinator named (added to the list when new, up to
+  // kMaxNamed); nullopt when `url` is not http(s)://HOST:PORT or the list is full.
+  std::optional<size_t> index_of(std::string url) {
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < urls_.size(); ++i) {
+      if (urls_[i] == url) return i;
+    }
+    if (!parse_url(url) || named_ >= kMaxNamed) return std::nullopt;
+    ++named_;
+    urls_.push_back(std::move(url));
+    return urls_.size() - 1;
+  }
+  // Notes the term of a reply: false when it is older than one seen (the reply is stale).
+  bool note_term(std::optional<uint64_t> term) {
+    if (!term) return true;
+    std::lock_guard lock(mu_);
+    if (*term < term_) return false;
+    term_ = *term;
+    return true;
+  }
+  uint64_t term() const {
+    std::lock_guard lock(mu_);
+    return term_;
+  }
+  // The TLS context for https urls, made on first use.
+  Result<std::shared_ptr<ssl::context>> tls() {
+    std::lock_guard lock(mu_);
+    if (!tls_) {
+      auto made = make_tls_context(tls_files_.ca_file, tls_files_.cert_file, tls_files_.key_file);
+      if (!made) return tl::unexpected(made.error());
+      tls_ = *made;
+    }
+    return tls_;
+  }
+
+ private:
+  static constexpr size_t kMaxNamed = 16;  // leaders named that were not in the list
+  mutable std::mutex mu_;
+  std::vector<std::string> urls_;
+  size_t named_ = 0;
+  size_t leader_ = 0;
+  uint64_t term_ = 0;
+  Options tls_files_;
+  std::shared_ptr<ssl::context> tls_;
+};
+
+// A connection to each coordinator, for one thread: made on first use of each.
+class Channel {
+ public:
+  Channel(std::shared_ptr<Coordinators> coordinators, milliseconds connect_timeout,
+          std::string token, size_t max_reply_bytes)
+      : coordinators_(std::move(coordinators)),
+        connect_timeout_(connect_timeout),
+        token_(std::move(token)),
+        max_reply_bytes_(max_reply_bytes) {}
+
+  Coordinators& coordinators() { return *coordinators_; }
+
+  // The connection to coordinator `i`; fails when its TLS context cannot be made.
+  Result<Connection*> to(size_t i) {
+    if (connections_.size() <= i) connections_.resize(i + 1);
+    if (!connections_[i]) {
+      auto endpoint = parse_url(coordinators_->url(i));
+      if (!endpoint) return tl::unexpected(endpoint.error());
+      std::shared_ptr<ssl::context> tls;
+      if (endpoint->tls) {
+        auto made = coordinators_->tls();
+        if (!made) return tl::unexpected(made.error());
+        tls = *made;
+      }
+      connections_[i] = std::make_unique<Connection>(*endpoint, connect_timeout_, token_,
+                                                     std::move(tls), max_reply_bytes_);
+    }
+    return connections_[i].get();
+  }
+
+ private:
+  std::shared_ptr<Coordinators> coordinators_;
+  milliseconds connect_timeout_;
+  std::string token_;
+  size_t max_reply_bytes_;
+  std::vector<std::unique_ptr<Connection>> connections_;
+};
 
 struct Worker::Heartbeats {
   std::mutex mu;
@@ -403,20 +573,24 @@ Worker::~Worker() {
 }
 
 Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
-  auto endpoint = parse_url(options.url);
-  if (!endpoint) return tl::unexpected(endpoint.error());
+  auto urls = split_urls(options.url);
+  if (!urls) return tl::unexpected(urls.error());
   if (options.run.empty()) {
     return tl::unexpected(ClientError{0, "invalid_argument", "Options::run is empty", "run"});
   }
   if (auto ok = check_group(options.group); !ok) return tl::unexpected(ok.error());
   if (options.worker_name.empty()) options.worker_name = default_name();
   if (options.token.empty()) options.token = token_from_environment();
-  auto tls = tls_for(*endpoint, options);
-  if (!tls) return tl::unexpected(tls.error());
+  auto coordinators = std::make_shared<Coordinators>(*urls, options);
+  for (const auto& url : *urls) {
+    if (parse_url(url)->tls) {  // a bad CA or certificate file is said at once
+      if (auto tls = coordinators->tls(); !tls) return tl::unexpected(tls.error());
+      break;
+    }
+  }
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
-  w->tls_ = *tls;
-  w->connection_ = std::make_unique<Connection>(
-      *endpoint, w->options_.connect_timeout, w->options_.token, *tls, w->options_.max_reply_bytes);
+  w->coordinators_ = std::move(coordinators);
+  w->channel_ = w->make_channel();
   if (auto r = w->register_worker(); !r) return tl::unexpected(r.error());
   if (w->options_.heartbeats) {
     w->heartbeats_ = std::make_unique<Heartbeats>();
@@ -453,53 +627,153 @@ std::string Worker::request_name(const std::string& action) const {
 
 namespace {
 
-// Sends one request over `connection`, retrying while the coordinator is unreachable or answers
-// 5xx, with exponential backoff and full jitter, for at most options.give_up_after. Returns the
-// body of a 200 or 201, else the error.
-Result<std::string> with_retries(Connection& connection, const Options& options, http::verb method,
+// How a request is retried: for give_up_after since its first failure, with exponential
+// backoff and full jitter from initial_backoff to max_backoff. nullopt: one round over the
+// coordinators, without waiting (get(), post(), heartbeats).
+struct Retry {
+  std::optional<milliseconds> give_up_after;
+  milliseconds initial_backoff{100};
+  milliseconds max_backoff{5'000};
+};
+
+Retry retry_of(const Options& options) {
+  return Retry{options.give_up_after, options.initial_backoff, options.max_backoff};
+}
+
+// not_leader answers naming a leader followed in a row before the client backs off (two
+// coordinators that name each other must not make it spin).
+constexpr size_t kMaxHops = 3;
+
+// Sends one request to the coordinator believed to lead the run, and follows the protocol of
+// several coordinators (docs/API.md, "Several coordinators"):
+// - not_leader naming a leader: the same request there, at once (kMaxHops in a row at most);
+//   naming none (an election): the next url, after its retry_after_ms;
+// - no answer (a connection refused, a timeout), or an answer of an older term than one seen (a
+//   deposed leader's, ignored): the next url at once, and once every url failed in a row, again
+//   after a backoff;
+// - 5xx: the same coordinator again, after a backoff.
+// The body is the same every time: the request id in it makes the retries idempotent. Returns
+// the body of a 200 or 201, else the error; giving up, its message names every url tried and
+// what each answered last.
+Result<std::string> with_retries(Channel& channel, const Retry& retry, http::verb method,
                                  const std::string& target, const std::string& body,
                                  milliseconds timeout) {
-  const auto first_failure_limit = options.give_up_after;
+  Coordinators& co = channel.coordinators();
   std::optional<std::chrono::steady_clock::time_point> failing_since;
-  milliseconds backoff = options.initial_backoff;
+  milliseconds backoff = retry.initial_backoff;
   std::mt19937_64 rng(std::random_device{}());
   const std::string what = std::string(http::to_string(method)) + " " + target;
+  std::vector<std::pair<std::string, std::string>> tried;  // each url tried, its last error
+  auto note = [&](const std::string& url, const std::string& why) {
+    for (auto& [u, w] : tried) {
+      if (u == url) {
+        w = why;
+        return;
+      }
+    }
+    tried.emplace_back(url, why);
+  };
+  size_t failed_in_a_row = 0, hops = 0;
   while (true) {
     const auto attempt_started = std::chrono::steady_clock::now();
-    auto res = connection.request(method, target, body, timeout);
+    const size_t at = co.leader();
+    const std::string url = co.url(at);
+    auto connection = channel.to(at);
+    if (!connection) return tl::unexpected(connection.error());
+    auto res = (*connection)->request(method, target, body, timeout);
     ClientError error;
+    std::optional<milliseconds> pause;  // what not_leader asked for; else the backoff
+    bool next_url = false;              // move on to the next url without waiting
     // Only an unreachable coordinator may get better: a TLS refusal or a reply the client
     // cannot use (too large, not HTTP) is not retried.
     if (!res && res.error().code != codes::kUnreachable) return tl::unexpected(res.error());
-    if (res && res->status < 500) {
+    if (!res) {
+      error = res.error();
+      co.failed(at);
+      next_url = true;
+    } else if (const uint64_t seen = co.term(); !co.note_term(res->term)) {
+      error = unreachable(url + " answered " + what + " as the leader of term " +
+                          std::to_string(*res->term) + ", older than term " + std::to_string(seen) +
+                          " seen: a deposed leader; its answer was ignored");
+      co.failed(at);
+      next_url = true;
+    } else if (auto refused = reply::not_leader(res->status, res->body)) {
+      error = reply::error(res->status, res->body, what, res->reason, res->location);
+      std::optional<size_t> leader;
+      if (!refused->leader.empty() && co.note_term(refused->term)) {
+        leader = co.index_of(refused->leader);
+      }
+      if (leader && *leader != at) {
+        co.set_leader(*leader);
+        note(url, "not the leader; it named " + refused->leader);
+        if (++hops <= kMaxHops) continue;
+      } else {
+        co.failed(at);
+        pause = milliseconds(refused->retry_after_ms);
+        next_url = true;
+      }
+    } else if (res->status < 500) {
       if (res->status == 200 || res->status == 201) return std::move(res->body);
       return tl::unexpected(reply::error(res->status, res->body, what, res->reason, res->location));
+    } else {
+      error = reply::error(res->status, res->body, what, res->reason, res->location);
     }
-    error =
-        res ? reply::error(res->status, res->body, what, res->reason, res->location) : res.error();
+    note(url, error.message);
     const auto now = std::chrono::steady_clock::now();
     // Failing since the first failed attempt began: the time stated is the time it tried.
     if (!failing_since) failing_since = attempt_started;
-    if (now - *failing_since >= first_failure_limit) {
-      error.message = "the coordinator at " + options.url + " has not answered " + what + " for " +
-                      seconds_text(std::chrono::duration_cast<milliseconds>(now - *failing_since)) +
-                      " (give_up_after " + seconds_text(options.give_up_after) +
-                      "); giving up (last error: " + error.message + ")";
+    ++failed_in_a_row;
+    const bool one_round_done = !retry.give_up_after && failed_in_a_row >= co.size();
+    const bool too_long = retry.give_up_after && now - *failing_since >= *retry.give_up_after;
+    if (one_round_done || too_long) {
+      if (tried.size() > 1) {
+        std::string each;
+        for (const auto& [u, w] : tried) each += (each.empty() ? "" : "; ") + u + ": " + w;
+        error.message = "no coordinator of " + co.list() + " answered " + what;
+        if (too_long) {
+          error.message +=
+              " for " +
+              seconds_text(std::chrono::duration_cast<milliseconds>(now - *failing_since)) +
+              " (give_up_after " + seconds_text(*retry.give_up_after) + ")";
+        }
+        error.message += "; giving up (the last error of each: " + each + ")";
+      } else if (too_long) {
+        error.message =
+            "the coordinator at " + url + " has not answered " + what + " for " +
+            seconds_text(std::chrono::duration_cast<milliseconds>(now - *failing_since)) +
+            " (give_up_after " + seconds_text(*retry.give_up_after) +
+            "); giving up (last error: " + error.message + ")";
+      }
       return tl::unexpected(error);
+    }
+    if (!retry.give_up_after) {  // one round: the next url, at once
+      co.failed(at);
+      continue;
+    }
+    if (next_url && failed_in_a_row % co.size() != 0) continue;
+    hops = 0;
+    if (pause) {
+      std::this_thread::sleep_for(std::min(*pause, retry.max_backoff));
+      continue;
     }
     const auto sleep = milliseconds(std::uniform_int_distribution<int64_t>(
         backoff.count() / 2, std::max<int64_t>(backoff.count() / 2, backoff.count()))(rng));
     std::this_thread::sleep_for(sleep);
-    backoff = std::min(options.max_backoff, backoff * 2);
+    backoff = std::min(retry.max_backoff, backoff * 2);
   }
 }
 
 }  // namespace
 
-// POSTs to /v1/runs/RUN/ACTION over the worker's connection (with_retries).
+std::unique_ptr<Channel> Worker::make_channel() const {
+  return std::make_unique<Channel>(coordinators_, options_.connect_timeout, options_.token,
+                                   options_.max_reply_bytes);
+}
+
+// POSTs to /v1/runs/RUN/ACTION over the worker's connections (with_retries).
 Result<std::string> Worker::call(const std::string& action, const std::string& body,
                                  milliseconds extra_wait) {
-  return with_retries(*connection_, options_, http::verb::post,
+  return with_retries(*channel_, retry_of(options_), http::verb::post,
                       "/v1/runs/" + options_.run + "/" + action, body,
                       options_.request_timeout + extra_wait);
 }
@@ -507,12 +781,8 @@ Result<std::string> Worker::call(const std::string& action, const std::string& b
 Result<std::string> Worker::call_aside(const std::string& action, const std::string& body,
                                        bool get) {
   std::lock_guard lock(aside_mu_);
-  if (!aside_) {
-    aside_ = std::make_unique<Connection>(
-        *parse_url(options_.url), options_.connect_timeout, options_.token,
-        std::static_pointer_cast<ssl::context>(tls_), options_.max_reply_bytes);
-  }
-  return with_retries(*aside_, options_, get ? http::verb::get : http::verb::post,
+  if (!aside_) aside_ = make_channel();
+  return with_retries(*aside_, retry_of(options_), get ? http::verb::get : http::verb::post,
                       "/v1/runs/" + options_.run + "/" + action, body, options_.request_timeout);
 }
 
@@ -841,11 +1111,11 @@ std::optional<uint64_t> Worker::latest_cut() const {
   return latest_cut_;
 }
 
-// Heartbeats go over their own connection, so they are never stuck behind a long poll.
+// Heartbeats go over connections of their own, so they are never stuck behind a long poll. Each
+// follows the leader as a call does, within one round over the coordinators (a not_leader naming
+// the leader is followed at once), so that leases stay alive across a failover.
 void Worker::heartbeat_loop() {
-  auto endpoint = parse_url(options_.url);
-  Connection connection(*endpoint, options_.connect_timeout, options_.token,
-                        std::static_pointer_cast<ssl::context>(tls_), options_.max_reply_bytes);
+  auto channel = make_channel();
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
   while (
@@ -856,31 +1126,43 @@ void Worker::heartbeat_loop() {
     j.end_array().end_object();
     lock.unlock();
     // A failed heartbeat is not fatal: the next one may reach the coordinator in time.
-    (void)connection.request(http::verb::post, target, j.str(),
-                             std::min(heartbeat_interval_, options_.request_timeout));
+    (void)with_retries(*channel, Retry{std::nullopt}, http::verb::post, target, j.str(),
+                       std::min(heartbeat_interval_, options_.request_timeout));
     lock.lock();
   }
 }
 
 namespace {
 
+// The coordinators of `urls` for the run `path` is about ("" for the paths of no run), kept for
+// the process: the tools (get(), post(): `traincoord status`, `launch`) then go straight to the
+// leader they found last time, and ignore the answers of an older term than one they saw.
+Result<std::shared_ptr<Coordinators>> coordinators_for(const std::string& urls,
+                                                       const std::string& path) {
+  auto list = split_urls(urls);
+  if (!list) return tl::unexpected(list.error());
+  std::string run;
+  if (path.rfind("/v1/runs/", 0) == 0) {
+    run = path.substr(9);
+    run = run.substr(0, run.find_first_of("/?"));
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Coordinators>> known;
+  std::lock_guard lock(mu);
+  if (known.size() > 256) known.clear();  // a tool is not a server: a few runs at most
+  auto& co = known[urls + "\n" + run];
+  if (!co) co = std::make_shared<Coordinators>(*list, Options{});
+  return co;
+}
+
 Result<std::string> once(http::verb method, const std::string& url, const std::string& path,
                          const std::string& body, milliseconds timeout, const std::string& token,
                          size_t max_reply_bytes) {
-  auto endpoint = parse_url(url);
-  if (!endpoint) return tl::unexpected(endpoint.error());
-  auto tls = tls_for(*endpoint, Options{});
-  if (!tls) return tl::unexpected(tls.error());
-  Connection connection(*endpoint, timeout, token.empty() ? token_from_environment() : token, *tls,
-                        max_reply_bytes);
-  auto res = connection.request(method, path, body, timeout);
-  if (!res) return tl::unexpected(res.error());
-  if (res->status != 200 && res->status != 201) {
-    return tl::unexpected(reply::error(res->status, res->body,
-                                       std::string(http::to_string(method)) + " " + path,
-                                       res->reason, res->location));
-  }
-  return std::move(res->body);
+  auto coordinators = coordinators_for(url, path);
+  if (!coordinators) return tl::unexpected(coordinators.error());
+  Channel channel(*coordinators, timeout, token.empty() ? token_from_environment() : token,
+                  max_reply_bytes);
+  return with_retries(channel, Retry{std::nullopt}, method, path, body, timeout);
 }
 
 }  // namespace

@@ -376,6 +376,33 @@ ClientError error(int status, const std::string& body, std::string_view what,
   return e;
 }
 
+std::optional<NotLeader> not_leader(int status, const std::string& body) {
+  if (status != 421) return std::nullopt;
+  rapidjson::Document d;
+  parse(d, body);
+  if (d.HasParseError() || !d.IsObject()) return std::nullopt;
+  const auto err = d.FindMember("error");
+  if (err == d.MemberEnd() || !err->value.IsObject()) return std::nullopt;
+  const Value& e = err->value;
+  const auto code = e.FindMember("code");
+  if (code == e.MemberEnd() || !code->value.IsString() ||
+      std::string_view(code->value.GetString(), code->value.GetStringLength()) !=
+          codes::kNotLeader) {
+    return std::nullopt;
+  }
+  NotLeader out;
+  if (const auto it = e.FindMember("leader"); it != e.MemberEnd() && it->value.IsString()) {
+    out.leader.assign(it->value.GetString(), it->value.GetStringLength());
+  }
+  if (const auto it = e.FindMember("term"); it != e.MemberEnd() && it->value.IsUint64()) {
+    out.term = it->value.GetUint64();
+  }
+  if (const auto it = e.FindMember("retry_after_ms"); it != e.MemberEnd() && it->value.IsInt64()) {
+    out.retry_after_ms = std::clamp<int64_t>(it->value.GetInt64(), 0, 10'000);
+  }
+  return out;
+}
+
 bool unregistered(const ClientError& e) { return e.code == codes::kWorkerNotRegistered; }
 
 bool forgotten(const ClientError& e) {

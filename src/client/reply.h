@@ -67,6 +67,18 @@ Result<Restored> restored(const std::string& body, std::string_view what);
 ClientError error(int status, const std::string& body, std::string_view what,
                   std::string_view reason = {}, std::string_view location = {});
 
+// A coordinator that does not lead the run (high availability, docs/API.md "Several
+// coordinators"): HTTP 421 {"error": {"code": "not_leader", "leader": URL | null, "term": N | null,
+// "retry_after_ms": N}}. leader empty: no leader known (an election); retry_after_ms is kept
+// within [0, 10'000] (absent or of another type: 100).
+struct NotLeader {
+  std::string leader;
+  std::optional<uint64_t> term;
+  int64_t retry_after_ms = 100;
+};
+// The not_leader answer of a reply of `status` with `body`; nullopt for any other reply.
+std::optional<NotLeader> not_leader(int status, const std::string& body);
+
 // Parses `body` into `d` without recursion (a reply nested any depth deep cannot exhaust the
 // stack). Every client path parses a reply through this.
 void parse(rapidjson::Document& d, const std::string& body);

@@ -433,5 +433,31 @@ TEST(ClientReplies, TheClientActsOnErrorCodesNotOnMessages) {
   EXPECT_NE(requests[3].find("\"worker\":5"), std::string::npos) << requests[3];
 }
 
+// Several coordinators: a 421 not_leader names the leader (or none, during an election).
+TEST(ClientReply, NotLeaderNamesTheLeaderItsTermAndTheWait) {
+  auto named = reply::not_leader(
+      421, R"({"error": {"code": "not_leader", "message": "m", "leader": "http://b:8470",
+              "term": 12, "retry_after_ms": 250}})");
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->leader, "http://b:8470");
+  EXPECT_EQ(named->term, 12u);
+  EXPECT_EQ(named->retry_after_ms, 250);
+  auto election =
+      reply::not_leader(421, R"({"error": {"code": "not_leader", "leader": null, "term": null,
+              "retry_after_ms": 99999999}})");
+  ASSERT_TRUE(election);
+  EXPECT_EQ(election->leader, "");
+  EXPECT_FALSE(election->term);
+  EXPECT_EQ(election->retry_after_ms, 10'000);  // bounded
+  auto odd = reply::not_leader(421, R"({"error": {"code": "not_leader", "leader": 5}})");
+  ASSERT_TRUE(odd);
+  EXPECT_EQ(odd->leader, "");
+  EXPECT_EQ(odd->retry_after_ms, 100);
+  EXPECT_FALSE(reply::not_leader(421, R"({"error": {"code": "http_421"}})"));
+  EXPECT_FALSE(reply::not_leader(421, "not json"));
+  EXPECT_FALSE(reply::not_leader(409, R"({"error": {"code": "not_leader"}})"));
+  EXPECT_EQ(std::string(codes::kNotLeader), "not_leader");
+}
+
 }  // namespace
 }  // namespace traincoord::client
