@@ -95,6 +95,10 @@ struct ServeArgs {
   std::string tls_key;            // its PEM private key
   std::string tls_client_ca;      // PEM CA bundle: clients must show a certificate it signed
   bool allow_plain_http = false;  // plain HTTP on a non-loopback address
+  // High availability (docs/HA.md): etcd://HOST:PORT[,HOST:PORT...][/PREFIX]; empty: the data dir.
+  std::string journal;
+  std::string advertise_url;  // empty: http(s)://LISTEN_HOST:PORT
+  int lease_ttl_s = 3;        // the leader's etcd lease: a failover takes about this long
 };
 int serve(const ServeArgs& args);
 

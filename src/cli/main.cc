@@ -154,6 +154,17 @@ int main(int argc, char** argv) {
                   "until there is room, and a start is refused")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30))
       ->capture_default_str();
+  srv->add_option("--journal", serve_args.journal,
+                  "keep the state in etcd instead of a data dir, for high availability: "
+                  "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (docs/HA.md)");
+  srv->add_option("--advertise-url", serve_args.advertise_url,
+                  "with --journal etcd://: the URL clients reach this coordinator at (default: "
+                  "the listen address)");
+  srv->add_option("--lease-ttl", serve_args.lease_ttl_s,
+                  "with --journal etcd://: seconds the leader's etcd lease lasts without a "
+                  "keep-alive (a failover takes about this long)")
+      ->check(CLI::Range(2, 600))
+      ->capture_default_str();
   srv->footer(example({"traincoord serve --config examples/runs/example.toml",
                        "traincoord serve --runs runs/ --listen 0.0.0.0:8470 --tls-cert cert.pem "
                        "--tls-key key.pem"}));

@@ -9,14 +9,21 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "cli/commands.h"
 #include "config/config_diff.h"
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "core/run_codec.h"
+#include "journal/etcd_election.h"
+#include "journal/etcd_journal.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/http_server.h"
+#include "server/leadership.h"
 #include "server/restore.h"
 #include "server/server_clock.h"
 #include "store/store.h"
@@ -132,6 +139,186 @@ static size_t prepare_limits(size_t max_connections, bool given) {
   return max_connections;
 }
 
+// High availability (docs/HA.md): the state in etcd, several coordinators, one of which leads.
+// A standby serves an empty engine that answers every run request 421 not_leader (naming the
+// leader), watches the leader key, and campaigns when it is gone; the winner stops its standby
+// server, replays the runs from etcd (restore_engine, as a restart does), and serves them on the
+// same port, keeping its lease alive from another thread. When a write is refused or the lease
+// is lost it steps down (nothing more is written or answered under that leadership) and stands
+// by again. SIGINT/SIGTERM: a leader finishes its writes and revokes its lease (the next
+// coordinator takes over at once).
+static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
+                    ServerOptions options, sigset_t signals) {
+  auto etcd_options = parse_etcd_url(args.journal);
+  if (!etcd_options) return fail(etcd_options.error().message);
+  // Replay on takeover reads every record since the snapshot: keep it short by default.
+  etcd_options->snapshot_every =
+      args.snapshot_every == ServeArgs{}.snapshot_every ? 10'000 : args.snapshot_every;
+  if (args.apply_config_changes) {
+    return fail("--apply-config-changes is not supported with --journal etcd:// yet");
+  }
+  Leadership leadership(args.advertise_url);
+  options.leadership = &leadership;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cout << "traincoord: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping"
+              << std::endl;
+    leadership.request_stop();
+  });
+  struct JoinSignals {
+    std::thread& t;
+    ~JoinSignals() {
+      pthread_kill(t.native_handle(), SIGTERM);  // (sigwait returns if still waiting)
+      t.join();
+    }
+  } join_signals{signal_thread};
+
+  const std::string scheme = options.tls.enabled() ? "https" : "http";
+  const std::string host =
+      options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
+  std::optional<EtcdElection> election;
+  uint64_t seen = 0;
+  bool said_listening = false;
+  std::string following;  // the leader last said
+  while (!leadership.stop_requested()) {
+    // Standing by.
+    {
+      ServerClock clock;
+      Engine engine(clock);
+      clock.go_live(0);
+      std::optional<HttpServer> standby;
+      standby.emplace(engine, clock, nullptr, options);
+      auto port = standby->start();
+      if (!port) {
+        std::cerr << "traincoord: " << port.error().message << "\n";
+        return exit_code::kFailed;
+      }
+      if (!said_listening) {
+        said_listening = true;
+        options.port = *port;  // the leader's server takes the same one
+        if (args.advertise_url.empty()) {
+          leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
+        }
+        election.emplace(*etcd_options, leadership.advertised_url(), args.lease_ttl_s);
+        std::cout << "traincoord: state in " << args.journal << " as "
+                  << leadership.advertised_url() << "; listening on " << scheme << "://" << host
+                  << ":" << *port << std::endl;
+      }
+      std::optional<int64_t> term;
+      while (!term && !leadership.stop_requested()) {
+        auto leader = election->observe();
+        if (!leader) {
+          leadership.follow(0, "");
+          if (following != "?") std::cerr << "traincoord: " << leader.error().message << "\n";
+          following = "?";
+        } else if (*leader) {
+          leadership.follow((*leader)->term, (*leader)->url);
+          if (following != (*leader)->url) {
+            std::cout << "traincoord: standing by; the leader is " << (*leader)->url << " (term "
+                      << (*leader)->term << ")" << std::endl;
+          }
+          following = (*leader)->url;
+        } else {
+          leadership.follow(0, "");
+          auto won = election->campaign();
+          if (won && *won) term = **won;
+        }
+        if (!term) (void)leadership.wait(&seen, std::chrono::milliseconds(200));
+      }
+      standby.reset();   // (its port is the leader's now)
+      if (!term) break;  // stopping
+      // Taking over.
+      const auto takeover = std::chrono::steady_clock::now();
+      auto journal = EtcdJournal::open(*etcd_options, *term, election->lease());
+      if (!journal) return fail(journal.error().message);
+      auto leader_clock = std::make_unique<ServerClock>();
+      auto leader_engine = std::make_unique<Engine>(*leader_clock);
+      Api replay(*leader_engine, *leader_clock, ApiLimits::none());
+      auto report = restore_engine(**journal, *leader_engine, replay, *leader_clock);
+      if (!report) {
+        election->resign();
+        return fail((*journal)->describe() + ": " + report.error().message);
+      }
+      for (const ConfigFile& file : files) {
+        if (auto existing = leader_engine->find(file.config.name)) {
+          if (int rc = reconcile(file, **existing, *leader_engine, nullptr, *leader_clock, false);
+              rc != 0) {
+            election->resign();
+            return rc;
+          }
+          continue;
+        }
+        auto run = leader_engine->create_run(file.config);
+        if (!run) return fail(file.path + ": " + run.error().message);
+        (*journal)->add_run(file.config.name, "toml", file.text, leader_clock->now());
+      }
+      if (auto r = (*journal)->commit(*leader_engine); !r) {
+        std::cerr << "traincoord: " << r.error().message << "\n";
+        election->resign();
+        continue;  // (deposed already: stand by again)
+      }
+      if (options.auth) {
+        for (const Run* run : leader_engine->runs()) {
+          if (auto t = options.auth->worker_token(run->config().name); !t)
+            return fail(t.error().message);
+        }
+      }
+      leadership.lead(*term);
+      HttpServer server(*leader_engine, *leader_clock, journal->get(), options);
+      auto leading_port = server.start();
+      if (!leading_port) {
+        std::cerr << "traincoord: " << leading_port.error().message << "\n";
+        election->resign();
+        return exit_code::kFailed;
+      }
+      std::cout
+          << "traincoord: leading " << (*journal)->describe() << " (term " << *term
+          << "): restored " << report->runs << " runs, replayed " << report->records
+          << " log records; serving "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - takeover).count()
+          << " s after winning" << std::endl;
+      following.clear();
+      // The lease, kept alive a third of its TTL at a time, on a thread of its own; lost (or
+      // not renewed within its TTL), the leadership ends.
+      std::atomic<bool> leading{true};
+      std::thread keeper([&] {
+        auto renewed = std::chrono::steady_clock::now();
+        const auto ttl = std::chrono::seconds(args.lease_ttl_s);
+        while (leading.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(args.lease_ttl_s * 1000 / 3 / 5));
+          if (!leading.load()) break;
+          if (std::chrono::steady_clock::now() - renewed < ttl / 3) continue;
+          auto kept = election->keep_alive();
+          if (kept && *kept) {
+            renewed = std::chrono::steady_clock::now();
+          } else if ((kept && !*kept) || std::chrono::steady_clock::now() - renewed >= ttl) {
+            const std::string why =
+                kept ? "the etcd lease of this leadership expired"
+                     : "cannot keep the etcd lease alive: " + kept.error().message;
+            if (leadership.step_down(why))
+              std::cerr << "traincoord: stepping down: " << why << "\n";
+            break;
+          }
+        }
+      });
+      std::string why;
+      while (leadership.view().leading && !leadership.stop_requested()) {
+        why = leadership.wait(&seen, std::chrono::milliseconds(500));
+      }
+      server.stop();  // (when stopping: writes what was accepted first)
+      leading.store(false);
+      keeper.join();
+      election->resign();  // the next coordinator need not wait out the TTL
+      if (!leadership.stop_requested()) {
+        leadership.step_down("");
+        std::cout << "traincoord: no longer leading; standing by" << std::endl;
+      }
+    }
+  }
+  return 0;
+}
+
 int serve(const ServeArgs& args) {
   const size_t max_connections = prepare_limits(args.max_connections, args.max_connections_given);
   std::vector<std::string> paths = args.configs;
@@ -184,6 +371,30 @@ int serve(const ServeArgs& args) {
                 "(docs/SECURITY.md), or pass --allow-plain-http behind a TLS proxy or on a "
                 "trusted network");
   }
+
+  if (!args.journal.empty()) {
+    if (args.in_memory || !args.data_dir.empty()) {
+      return fail(std::string(args.in_memory ? "--in-memory" : "--data-dir") +
+                  " and --journal exclude each other (the state is in etcd)");
+    }
+    std::optional<Auth> auth;
+    if (args.auth || !loopback) {
+      const std::string dir = !args.token_dir.empty() ? args.token_dir : "traincoord-tokens";
+      auto opened = Auth::open(dir);
+      if (!opened) return fail(opened.error().message);
+      auth = std::move(*opened);
+      options.auth = &*auth;
+      std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
+                << " (every coordinator of the runs needs the same token dir)\n";
+    }
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    return serve_ha(args, files, options, signals);
+  }
+  if (!args.advertise_url.empty()) return fail("--advertise-url needs --journal etcd://...");
 
   ServerClock clock;
   Engine engine(clock);

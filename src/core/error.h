@@ -44,6 +44,8 @@ inline constexpr std::string_view kRendezvousFull = "rendezvous_full";          
 inline constexpr std::string_view kRendezvousSettingsConflict =
     "rendezvous_settings_conflict";                                   // kConflict
 inline constexpr std::string_view kGroupMismatch = "group_mismatch";  // kConflict
+// High availability (docs/HA.md): this coordinator does not lead the run (HTTP 421).
+inline constexpr std::string_view kNotLeader = "not_leader";  // kFailedPrecondition
 }  // namespace error_reason
 
 struct Error {

@@ -31,6 +31,7 @@ struct HttpReply {
   std::string body;   // JSON
   std::string allow;  // for 405: the methods the path allows
   std::string content_type = "application/json";
+  std::string headers = {};  // more header lines, each "Name: value\r\n" (the HA leader's term)
 };
 
 // An acquire that found nothing to hand out and may wait (long-poll): the server parks it and

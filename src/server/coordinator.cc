@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "json/json_writer.h"
 #include "server/auth.h"
+#include "server/leadership.h"
 #include "server/web_assets.h"
 
 namespace traincoord {
@@ -15,6 +17,46 @@ HttpReply journal_full_reply() {
   return error_reply(503, "disk_full",
                      "the coordinator's disk is full: it takes no new work until there is room "
                      "again (what it accepted is kept); retry later");
+}
+
+// Whether a request needs the runs' leader: every request about a run, and creating one.
+bool needs_leader(const HttpRequest& request) {
+  const std::string_view path = path_of(request.target);
+  return path.rfind("/v1/runs/", 0) == 0 || (path == "/v1/runs" && request.method != "GET");
+}
+
+std::string leader_headers(const Leadership::View& view) {
+  return "Traincoord-Term: " + std::to_string(view.term) + "\r\nTraincoord-Leader: " + view.leader +
+         "\r\n";
+}
+
+// 421 Misdirected Request: this coordinator does not lead; where the leader is, if known
+// (docs/HA.md; the clients follow `leader`, or wait `retry_after_ms` and try their other URLs).
+HttpReply not_leader_reply(const Leadership::View& view) {
+  JsonWriter j;
+  j.begin_object().key("error").begin_object();
+  j.field("code", error_reason::kNotLeader);
+  j.field("message", view.term > 0
+                         ? "this coordinator does not lead the runs; the leader is " + view.leader
+                         : std::string("this coordinator does not lead the runs, and no leader is "
+                                       "known now (an election is under way); retry shortly"));
+  j.key("leader");
+  if (view.term > 0) {
+    j.value(view.leader);
+  } else {
+    j.null();
+  }
+  j.key("term");
+  if (view.term > 0) {
+    j.value(static_cast<long long>(view.term));
+  } else {
+    j.null();
+  }
+  j.field("retry_after_ms", 250);
+  j.end_object().end_object();
+  HttpReply reply{421, j.str(), {}, "application/json"};
+  if (view.term > 0) reply.headers = leader_headers(view);
+  return reply;
 }
 
 }  // namespace
@@ -47,6 +89,8 @@ Coordinator::~Coordinator() = default;
 
 Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
   Wave wave;
+  const Leadership::View leader =
+      options_.leadership ? options_.leadership->view() : Leadership::View{true, 0, {}};
   if (journal_full != clock_.frozen()) journal_full_changed(journal_full, &wave.notices);
   std::vector<std::string_view> touched;  // views into the calls' targets
   for (Call& call : calls) {
@@ -59,6 +103,10 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
         outbox_.push_back({std::move(call.to), std::move(*refused), endpoint});
         continue;
       }
+    }
+    if (!leader.leading && needs_leader(request)) {
+      outbox_.push_back({std::move(call.to), not_leader_reply(leader), endpoint});
+      continue;
     }
     if (request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
       outbox_.push_back({std::move(call.to), serve_get(request), endpoint});
@@ -149,6 +197,10 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
   }
   std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
   if (journal_) wave.writes = journal_->take(engine_, /*snapshots=*/true, clock_.now());
+  if (leader.leading && leader.term > 0) {
+    const std::string headers = leader_headers(leader);
+    for (Outgoing& o : outbox_) o.reply.headers = headers;
+  }
   wave.replies = std::move(outbox_);
   outbox_.clear();
   calls.clear();  // (only now: `touched` viewed their targets)

@@ -25,6 +25,7 @@
 namespace traincoord {
 
 class Auth;
+class Leadership;
 
 // Feeds a journal what the API reports (created runs, accepted completions).
 class JournalObserver final : public ApiObserver {
@@ -72,6 +73,11 @@ struct CoordinatorOptions {
   ApiLimits limits;
   Auth* auth = nullptr;  // null: no tokens needed; else checked before anything else
   TimeMs tick_ms = 50;   // lease expiries and long-poll deadlines, this often
+  // High availability (docs/HA.md): null: this coordinator alone serves its runs. Else, while
+  // it does not lead, every request about a run (and POST /v1/runs) is answered 421 not_leader
+  // naming the leader; while it leads, every reply carries Traincoord-Term and
+  // Traincoord-Leader.
+  const Leadership* leadership = nullptr;
 };
 
 class Coordinator {

@@ -43,7 +43,7 @@ class HttpServer::Impl {
  public:
   Impl(Engine& engine, ServerClock& clock, Journal* journal, ServerOptions options)
       : coordinator_(engine, clock, journal,
-                     CoordinatorOptions{options.limits, options.auth, kTickMs}),
+                     CoordinatorOptions{options.limits, options.auth, kTickMs, options.leadership}),
         clock_(clock),
         journal_(journal),
         options_(std::move(options)) {
@@ -403,7 +403,27 @@ class HttpServer::Impl {
         requests += w.replies.size();
       }
       const auto start = std::chrono::steady_clock::now();
-      while (true) {
+      if (Leadership* leadership = options_.leadership) {
+        // High availability: nothing is written or answered once this leadership has ended;
+        // a failed write ends it (etcd refused it, or could not say whether it took it: the
+        // next leader replays what etcd holds, and the clients retry what was not answered).
+        bool written = leadership->view().leading;
+        if (written && all) {
+          auto r = journal_->write(*all);
+          if (!r) {
+            written = false;
+            if (leadership->step_down(r.error().message)) {
+              std::fprintf(stderr, "traincoord: stepping down: %s\n", r.error().message.c_str());
+            }
+          }
+        }
+        if (!written) {
+          dropped_ += requests;
+          work.clear();
+          continue;
+        }
+      }
+      while (!options_.leadership) {
         auto r = all ? journal_->write(*all) : Result<void>{};
         if (r) break;
         if (!journal_->last_write_was_full()) {
@@ -443,6 +463,8 @@ class HttpServer::Impl {
   std::atomic<uint64_t> tls_failures_{0};
 
  private:
+  std::atomic<uint64_t> dropped_{0};  // replies never sent: their leadership ended (HA)
+
   // Guarded by metrics_mu_ (replies are sent by the engine thread, or by the store thread).
   std::mutex metrics_mu_;
   // Keyed by the endpoint's name, a literal from Api::endpoint_of: no string made per request.
@@ -692,7 +714,9 @@ class HttpServer::Impl::Session : public Deadlined,
     out_ += ' ';
     const beast::string_view reason = http::obsolete_reason(status);
     out_.append(reason.data(), reason.size());
-    out_ += "\r\nServer: traincoord\r\nContent-Type: ";
+    out_ += "\r\nServer: traincoord\r\n";
+    out_ += reply.headers;
+    out_ += "Content-Type: ";
     out_ += reply.content_type;
     if (!reply.allow.empty()) out_ += "\r\nAllow: " + reply.allow;
     if (reply.status == 401) out_ += "\r\nWWW-Authenticate: Bearer";

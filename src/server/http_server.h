@@ -18,6 +18,7 @@
 #include "journal/journal.h"
 #include "server/api.h"
 #include "server/auth.h"
+#include "server/leadership.h"
 #include "server/server_clock.h"
 
 namespace traincoord {
@@ -43,6 +44,11 @@ struct ServerOptions {
   ApiLimits limits;
   Auth* auth = nullptr;  // null: no tokens needed (loopback demos); else checked first
   TlsOptions tls;
+  // High availability (docs/HA.md): null: this server alone serves its runs. Else it answers
+  // run requests only while it leads (421 not_leader otherwise), and when a write fails (etcd
+  // refused it: another coordinator leads; or etcd could not be reached) it steps down: the
+  // wave's replies and every later one are dropped, never sent.
+  Leadership* leadership = nullptr;
 };
 
 class HttpServer {

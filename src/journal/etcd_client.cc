@@ -1,0 +1,400 @@
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs it
+
+#include "journal/etcd_client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <optional>
+#include <thread>
+
+#include <rapidjson/document.h>
+
+namespace traincoord::etcd {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+int64_t to_int(const rapidjson::Value& v) {
+  if (v.IsString()) return std::strtoll(v.GetString(), nullptr, 10);
+  if (v.IsInt64()) return v.GetInt64();
+  if (v.IsUint64()) return static_cast<int64_t>(v.GetUint64());
+  return 0;
+}
+
+int64_t int_field(const rapidjson::Value& o, const char* name) {
+  if (!o.IsObject()) return 0;
+  auto it = o.FindMember(name);
+  return it == o.MemberEnd() ? 0 : to_int(it->value);
+}
+
+std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
+std::string b64(std::string_view s) { return quoted(base64_encode(s)); }
+
+std::string operation_json(const Operation& op) {
+  switch (op.kind) {
+    case Operation::Kind::kPut:
+      return "{\"requestPut\":{\"key\":" + b64(op.key) + ",\"value\":" + b64(op.value) +
+             (op.lease ? ",\"lease\":\"" + std::to_string(op.lease) + "\"" : "") + "}}";
+    case Operation::Kind::kDeleteRange:
+      return "{\"requestDeleteRange\":{\"key\":" + b64(op.key) +
+             (op.range_end.empty() ? "" : ",\"range_end\":" + b64(op.range_end)) + "}}";
+    case Operation::Kind::kRange:
+      return "{\"requestRange\":{\"key\":" + b64(op.key) +
+             (op.range_end.empty() ? "" : ",\"range_end\":" + b64(op.range_end)) +
+             (op.limit ? ",\"limit\":\"" + std::to_string(op.limit) + "\"" : "") + "}}";
+  }
+  return "{}";
+}
+
+std::string compare_json(const Compare& c) {
+  static constexpr const char* kTargets[] = {"CREATE", "MOD", "VERSION", "VALUE", "LEASE"};
+  static constexpr const char* kFields[] = {"create_revision", "mod_revision", "version", "value",
+                                            "lease"};
+  static constexpr const char* kOps[] = {"EQUAL", "NOT_EQUAL", "GREATER", "LESS"};
+  const auto t = static_cast<size_t>(c.target);
+  std::string s = "{\"target\":\"" + std::string(kTargets[t]) + "\",\"result\":\"" +
+                  kOps[static_cast<size_t>(c.op)] + "\",\"key\":" + b64(c.key) + ",\"" +
+                  kFields[t] + "\":";
+  s += c.target == Compare::Target::kValue ? b64(c.value) : quoted(std::to_string(c.number));
+  return s + "}";
+}
+
+bool read_kvs(const rapidjson::Value& o, RangeResult* out) {
+  out->revision = o.HasMember("header") ? int_field(o["header"], "revision") : 0;
+  out->count = int_field(o, "count");
+  auto it = o.FindMember("kvs");
+  if (it == o.MemberEnd()) return true;
+  if (!it->value.IsArray()) return false;
+  for (const auto& kv : it->value.GetArray()) {
+    KeyValue k;
+    if (kv.HasMember("key") && kv["key"].IsString() &&
+        !base64_decode(kv["key"].GetString(), &k.key))
+      return false;
+    if (kv.HasMember("value") && kv["value"].IsString() &&
+        !base64_decode(kv["value"].GetString(), &k.value))
+      return false;
+    k.create_revision = int_field(kv, "create_revision");
+    k.mod_revision = int_field(kv, "mod_revision");
+    k.version = int_field(kv, "version");
+    k.lease = int_field(kv, "lease");
+    out->kvs.push_back(std::move(k));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string prefix_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+std::string base64_encode(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8 |
+                       static_cast<uint8_t>(in[i + 2]);
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8;
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+bool base64_decode(std::string_view text, std::string* out) {
+  out->clear();
+  if (text.size() % 4 != 0) return false;
+  out->reserve(text.size() / 4 * 3);
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  for (size_t i = 0; i < text.size(); i += 4) {
+    const bool last = i + 4 == text.size();
+    const int pad = last ? (text[i + 3] == '=') + (text[i + 2] == '=') : 0;
+    int v[4];
+    for (int j = 0; j < 4 - pad; ++j) {
+      v[j] = value(text[i + j]);
+      if (v[j] < 0) return false;
+    }
+    if (pad == 1 && text[i + 2] == '=') return false;
+    const uint32_t n = v[0] << 18 | v[1] << 12 | (pad < 2 ? v[2] << 6 : 0) | (pad < 1 ? v[3] : 0);
+    out->push_back(static_cast<char>(n >> 16));
+    if (pad < 2) out->push_back(static_cast<char>((n >> 8) & 0xff));
+    if (pad < 1) out->push_back(static_cast<char>(n & 0xff));
+  }
+  return true;
+}
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+    TC_ASSERT(!options_.endpoints.empty());
+  }
+
+  // POSTs `body` to `path` at the current member, failing over to the others. Returns the
+  // parsed reply, or why no member answered / what etcd refused.
+  Result<rapidjson::Document> call(const std::string& path, const std::string& body) {
+    Error last{ErrorCode::kFailedPrecondition, "no etcd endpoint", "", {}};
+    const auto deadline = std::chrono::steady_clock::now() + options_.give_up_after;
+    for (size_t attempt = 0;; ++attempt) {
+      if (attempt > 0) {
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        current_ = (current_ + 1) % options_.endpoints.size();
+        disconnect();
+        // After a round of every member, a pause (a leader election, a restart).
+        if (attempt % options_.endpoints.size() == 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      std::string reply;
+      int status = 0;
+      const std::string& endpoint = options_.endpoints[current_];
+      if (auto why = exchange(endpoint, path, body, &reply, &status)) {
+        last.message = "etcd at " + endpoint + ": " + *why;
+        disconnect();
+        continue;
+      }
+      rapidjson::Document doc;
+      doc.Parse(reply.data(), reply.size());
+      if (doc.HasParseError() || !doc.IsObject()) {
+        last.message = "etcd at " + endpoint + " answered " + path + " with HTTP " +
+                       std::to_string(status) + " and no JSON object: " + reply.substr(0, 200);
+        disconnect();
+        continue;
+      }
+      // A streamed call (keep-alive) wraps its reply in "result", or its error in "error".
+      if (doc.HasMember("result") && doc["result"].IsObject()) {
+        rapidjson::Document inner;
+        inner.CopyFrom(doc["result"], inner.GetAllocator());
+        doc.Swap(inner);
+      } else if (doc.HasMember("error") && doc["error"].IsObject()) {
+        rapidjson::Document inner;
+        inner.CopyFrom(doc["error"], inner.GetAllocator());
+        doc.Swap(inner);
+      }
+      if (doc.HasMember("code") && int_field(doc, "code") != 0) {
+        const int64_t code = int_field(doc, "code");
+        const std::string message = doc.HasMember("message") && doc["message"].IsString()
+                                        ? doc["message"].GetString()
+                                        : reply.substr(0, 200);
+        last.message = "etcd at " + endpoint + " refused " + path + ": " + message + " (code " +
+                       std::to_string(code) + ")";
+        // Unavailable (no leader, stopping) or a deadline: another member may answer.
+        if (code == 14 || code == 4 || message.find("no leader") != std::string::npos ||
+            message.find("timed out") != std::string::npos) {
+          disconnect();
+          continue;
+        }
+        last_code_ = code;
+        return tl::unexpected(last);
+      }
+      return doc;
+    }
+    last_code_ = -1;
+    return tl::unexpected(last);
+  }
+
+  int64_t last_code() const { return last_code_; }
+  const std::string& current_endpoint() const { return options_.endpoints[current_]; }
+
+ private:
+  // Returns why the exchange failed, or nothing.
+  std::optional<std::string> exchange(const std::string& endpoint, const std::string& path,
+                                      const std::string& body, std::string* reply, int* status) {
+    beast::error_code ec;
+    if (!stream_) {
+      const auto colon = endpoint.rfind(':');
+      if (colon == std::string::npos) return "not HOST:PORT";
+      tcp::resolver resolver(io_);
+      auto found = resolver.resolve(endpoint.substr(0, colon), endpoint.substr(colon + 1), ec);
+      if (ec) return "cannot resolve: " + ec.message();
+      stream_.emplace(io_);
+      stream_->expires_after(options_.timeout);
+      stream_->async_connect(found, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
+      run();
+      if (ec) return "cannot connect: " + ec.message();
+      stream_->socket().set_option(tcp::no_delay(true), ec);
+    }
+    http::request<http::string_body> req{http::verb::post, path, 11};
+    req.set(http::field::host, endpoint);
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    stream_->expires_after(options_.timeout);
+    http::async_write(*stream_, req, [&](beast::error_code e, size_t) { ec = e; });
+    run();
+    if (ec) return "cannot send: " + ec.message();
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64u << 20);
+    buffer_.clear();
+    http::async_read(*stream_, buffer_, parser, [&](beast::error_code e, size_t) { ec = e; });
+    run();
+    if (ec)
+      return ec == beast::error::timeout
+                 ? "no answer within " + std::to_string(options_.timeout.count()) + " ms"
+                 : "cannot read the reply: " + ec.message();
+    auto res = parser.release();
+    *status = static_cast<int>(res.result_int());
+    *reply = std::move(res.body());
+    if (!res.keep_alive()) disconnect();
+    return std::nullopt;
+  }
+
+  void run() {
+    io_.restart();
+    io_.run();
+  }
+
+  void disconnect() {
+    if (!stream_) return;
+    beast::error_code ignored;
+    stream_->socket().close(ignored);
+    stream_.reset();
+  }
+
+  ClientOptions options_;
+  asio::io_context io_;
+  std::optional<beast::tcp_stream> stream_;
+  beast::flat_buffer buffer_;
+  size_t current_ = 0;
+  int64_t last_code_ = 0;
+};
+
+Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Client::~Client() = default;
+
+const std::string& Client::current_endpoint() const { return impl_->current_endpoint(); }
+
+Result<RangeResult> Client::range(std::string_view key, std::string_view range_end, int64_t limit,
+                                  bool count_only, int64_t revision) {
+  std::string body = "{\"key\":" + b64(key);
+  if (!range_end.empty()) body += ",\"range_end\":" + b64(range_end);
+  if (limit) body += ",\"limit\":\"" + std::to_string(limit) + "\"";
+  if (count_only) body += ",\"count_only\":true";
+  if (revision) body += ",\"revision\":\"" + std::to_string(revision) + "\"";
+  body += "}";
+  auto doc = impl_->call("/v3/kv/range", body);
+  if (!doc) return tl::unexpected(doc.error());
+  RangeResult out;
+  if (!read_kvs(*doc, &out)) return failed_precondition("etcd sent a range that is not base64");
+  return out;
+}
+
+Result<int64_t> Client::put(std::string_view key, std::string_view value, int64_t lease) {
+  auto doc = impl_->call("/v3/kv/put",
+                         "{\"key\":" + b64(key) + ",\"value\":" + b64(value) +
+                             (lease ? ",\"lease\":\"" + std::to_string(lease) + "\"" : "") + "}");
+  if (!doc) return tl::unexpected(doc.error());
+  return int_field((*doc)["header"], "revision");
+}
+
+Result<TxnResult> Client::txn(const std::vector<Compare>& compares,
+                              const std::vector<Operation>& success,
+                              const std::vector<Operation>& failure) {
+  std::string body = "{\"compare\":[";
+  for (size_t i = 0; i < compares.size(); ++i) body += (i ? "," : "") + compare_json(compares[i]);
+  body += "],\"success\":[";
+  for (size_t i = 0; i < success.size(); ++i) body += (i ? "," : "") + operation_json(success[i]);
+  body += "],\"failure\":[";
+  for (size_t i = 0; i < failure.size(); ++i) body += (i ? "," : "") + operation_json(failure[i]);
+  body += "]}";
+  auto doc = impl_->call("/v3/kv/txn", body);
+  if (!doc) return tl::unexpected(doc.error());
+  TxnResult out;
+  out.succeeded =
+      doc->HasMember("succeeded") && (*doc)["succeeded"].IsBool() && (*doc)["succeeded"].GetBool();
+  out.revision = doc->HasMember("header") ? int_field((*doc)["header"], "revision") : 0;
+  if (doc->HasMember("responses") && (*doc)["responses"].IsArray()) {
+    for (const auto& r : (*doc)["responses"].GetArray()) {
+      if (!r.IsObject() || !r.HasMember("response_range")) continue;
+      RangeResult range;
+      if (!read_kvs(r["response_range"], &range))
+        return failed_precondition("etcd sent a range that is not base64");
+      out.ranges.push_back(std::move(range));
+    }
+  }
+  return out;
+}
+
+Result<int64_t> Client::delete_range(std::string_view key, std::string_view range_end) {
+  auto doc = impl_->call(
+      "/v3/kv/deleterange",
+      "{\"key\":" + b64(key) + (range_end.empty() ? "" : ",\"range_end\":" + b64(range_end)) + "}");
+  if (!doc) return tl::unexpected(doc.error());
+  return int_field(*doc, "deleted");
+}
+
+Result<Lease> Client::lease_grant(int64_t ttl_s) {
+  auto doc = impl_->call("/v3/lease/grant", "{\"TTL\":\"" + std::to_string(ttl_s) + "\"}");
+  if (!doc) return tl::unexpected(doc.error());
+  return Lease{int_field(*doc, "ID"), int_field(*doc, "TTL")};
+}
+
+Result<Lease> Client::lease_keep_alive(int64_t id) {
+  auto doc = impl_->call("/v3/lease/keepalive", "{\"ID\":\"" + std::to_string(id) + "\"}");
+  if (!doc) return tl::unexpected(doc.error());
+  return Lease{id, int_field(*doc, "TTL")};
+}
+
+Result<void> Client::lease_revoke(int64_t id) {
+  auto doc = impl_->call("/v3/lease/revoke", "{\"ID\":\"" + std::to_string(id) + "\"}");
+  if (!doc) return tl::unexpected(doc.error());
+  return {};
+}
+
+Result<void> Client::compact(int64_t revision) {
+  auto doc =
+      impl_->call("/v3/kv/compaction", "{\"revision\":\"" + std::to_string(revision) + "\"}");
+  if (!doc && doc.error().message.find("compacted") == std::string::npos)
+    return tl::unexpected(doc.error());
+  return {};
+}
+
+Result<MemberStatus> Client::status() {
+  auto doc = impl_->call("/v3/maintenance/status", "{}");
+  if (!doc) return tl::unexpected(doc.error());
+  MemberStatus s;
+  s.revision = doc->HasMember("header") ? int_field((*doc)["header"], "revision") : 0;
+  s.db_size = int_field(*doc, "dbSize");
+  s.db_size_in_use = int_field(*doc, "dbSizeInUse");
+  if (doc->HasMember("version") && (*doc)["version"].IsString())
+    s.version = (*doc)["version"].GetString();
+  return s;
+}
+
+}  // namespace traincoord::etcd

@@ -1,0 +1,141 @@
+// The etcd client against a real 3-member cluster on loopback (Debian's etcd-server): every
+// call it makes, the fail-over to another member, the timeouts.
+#include "journal/etcd_client.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "etcd/etcd_cluster.h"
+
+namespace traincoord {
+namespace {
+
+using testing::EtcdCluster;
+
+std::vector<std::string> endpoints(const EtcdCluster& c) {
+  std::vector<std::string> e;
+  for (size_t i = 0; i < c.size(); ++i) e.push_back(c.endpoint(i));
+  return e;
+}
+
+TEST(EtcdBase64, RoundTripsEveryByteAndRefusesWhatIsNotBase64) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
+  for (size_t n = 0; n < 7; ++n) {
+    std::string out;
+    ASSERT_TRUE(etcd::base64_decode(etcd::base64_encode(all.substr(0, 250 + n)), &out));
+    EXPECT_EQ(out, all.substr(0, 250 + n));
+  }
+  EXPECT_EQ(etcd::base64_encode("ab"), "YWI=");
+  std::string out;
+  EXPECT_FALSE(etcd::base64_decode("YW?=", &out));
+  EXPECT_FALSE(etcd::base64_decode("YWI", &out));
+  EXPECT_EQ(etcd::prefix_end("a/b"), "a/c");
+}
+
+TEST(EtcdCluster, StartsThreeMembersAndStopsEachByItsPid) {
+  std::vector<pid_t> pids;
+  {
+    EtcdCluster cluster;
+    ASSERT_TRUE(cluster.started());
+    for (size_t i = 0; i < cluster.size(); ++i) {
+      pids.push_back(cluster.pid(i));
+      EXPECT_EQ(::kill(cluster.pid(i), 0), 0);
+    }
+  }
+  for (pid_t pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "etcd member " << pid << " still runs";
+}
+
+TEST(EtcdClient, PutRangeTxnDeleteLeaseAndCompaction) {
+  EtcdCluster cluster;
+  ASSERT_TRUE(cluster.started());
+  etcd::Client client({endpoints(cluster), std::chrono::milliseconds(2000)});
+  const std::string binary("v\0\xff\n", 4);
+  auto put = client.put("/t/a", binary);
+  ASSERT_TRUE(put) << put.error().message;
+  ASSERT_TRUE(client.put("/t/b", "2"));
+  auto got = client.range("/t/", etcd::prefix_end("/t/"));
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->kvs.size(), 2u);
+  EXPECT_EQ(got->kvs[0].value, binary);
+  EXPECT_EQ(got->kvs[0].create_revision, *put);
+  EXPECT_EQ(got->count, 2);
+
+  // A txn's compares decide its branch; the failure branch reads.
+  auto lost =
+      client.txn({{etcd::Compare::Target::kCreate, etcd::Compare::Op::kEqual, "/t/a", 0, {}}},
+                 {{etcd::Operation::Kind::kPut, "/t/a", "x", {}, 0, 0}},
+                 {{etcd::Operation::Kind::kRange, "/t/a", {}, {}, 0, 0}});
+  ASSERT_TRUE(lost);
+  EXPECT_FALSE(lost->succeeded);
+  ASSERT_EQ(lost->ranges.size(), 1u);
+  EXPECT_EQ(lost->ranges[0].kvs.at(0).value, binary);
+  auto won =
+      client.txn({{etcd::Compare::Target::kValue, etcd::Compare::Op::kEqual, "/t/b", 0, "2"}},
+                 {{etcd::Operation::Kind::kPut, "/t/b", "3", {}, 0, 0}});
+  ASSERT_TRUE(won);
+  EXPECT_TRUE(won->succeeded);
+  EXPECT_EQ(client.range("/t/b")->kvs.at(0).value, "3");
+
+  // A key under a lease goes with it.
+  auto lease = client.lease_grant(5);
+  ASSERT_TRUE(lease);
+  EXPECT_GT(lease->id, 0);
+  ASSERT_TRUE(client.put("/t/leased", "x", lease->id));
+  auto kept = client.lease_keep_alive(lease->id);
+  ASSERT_TRUE(kept);
+  EXPECT_GT(kept->ttl_s, 0);
+  ASSERT_TRUE(client.lease_revoke(lease->id));
+  EXPECT_TRUE(client.range("/t/leased")->kvs.empty());
+  auto gone = client.lease_keep_alive(lease->id);
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->ttl_s, 0);
+
+  auto deleted = client.delete_range("/t/", etcd::prefix_end("/t/"));
+  ASSERT_TRUE(deleted);
+  EXPECT_EQ(*deleted, 2);
+  auto status = client.status();
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->version, "3.4.23");
+  ASSERT_TRUE(client.compact(status->revision));
+  ASSERT_TRUE(client.compact(status->revision - 1));  // compacted already: not an error
+  // What etcd refuses comes back as an error that says so.
+  auto refused = client.put("/t/x", "y", 12345);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("lease not found"), std::string::npos)
+      << refused.error().message;
+}
+
+TEST(EtcdClient, FailsOverToAnotherMemberWhenOneIsKilledOrPaused) {
+  EtcdCluster cluster;
+  ASSERT_TRUE(cluster.started());
+  etcd::Client client({endpoints(cluster), std::chrono::milliseconds(500)});
+  ASSERT_TRUE(client.put("/f/a", "1"));
+  EXPECT_EQ(client.current_endpoint(), cluster.endpoint(0));
+  cluster.kill(0);
+  auto after_kill = client.put("/f/a", "2");
+  ASSERT_TRUE(after_kill) << after_kill.error().message;
+  EXPECT_NE(client.current_endpoint(), cluster.endpoint(0));
+  // A paused member does not answer: the call times out there and goes to another.
+  ASSERT_TRUE(cluster.restart(0));
+  const size_t now_at = client.current_endpoint() == cluster.endpoint(1) ? 1 : 2;
+  cluster.stop(now_at);
+  auto back = client.range("/f/a");
+  cluster.resume(now_at);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_NE(client.current_endpoint(), cluster.endpoint(now_at));
+  EXPECT_EQ(back->kvs.at(0).value, "2");
+}
+
+TEST(EtcdClient, SaysWhichMembersItTriedWhenNoneAnswers) {
+  etcd::Client client({{"127.0.0.1:1", "127.0.0.1:2"},
+                       std::chrono::milliseconds(300),
+                       std::chrono::milliseconds(500)});
+  auto r = client.put("/x", "y");
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("127.0.0.1:"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("connect"), std::string::npos) << r.error().message;
+}
+
+}  // namespace
+}  // namespace traincoord
