@@ -22,14 +22,6 @@ const Cut* CutLedger::latest() const {
   return nullptr;
 }
 
-std::string CutLedger::complete_ids() const {
-  std::string kept;
-  for (const Cut& c : cuts_) {
-    if (c.complete()) kept += (kept.empty() ? "" : ", ") + std::to_string(c.id);
-  }
-  return kept;
-}
-
 Cut* CutLedger::find_share(std::string_view group, uint64_t seq) {
   auto it = std::find_if(cuts_.begin(), cuts_.end(),
                          [&](const Cut& c) { return c.group == group && c.seq == seq; });
@@ -159,6 +151,27 @@ void CutLedger::keep_latest() {
 
 void CutLedger::drop_pending() {
   std::erase_if(cuts_, [](const Cut& c) { return !c.complete(); });
+}
+
+Result<void> CutLedger::check_restorable(uint64_t id, std::string_view run) const {
+  const Cut* cut = find(id);
+  if (cut == nullptr) {
+    std::string kept;
+    for (const Cut& c : cuts_) {
+      if (c.complete()) kept += (kept.empty() ? "" : ", ") + std::to_string(c.id);
+    }
+    return not_found(
+        "run " + std::string(run) + " has no cut " + std::to_string(id) +
+            (kept.empty() ? std::string(" (it has none)") : " (it keeps cuts " + kept + ")"),
+        error_reason::kCutNotFound);
+  }
+  if (!cut->complete()) {
+    return failed_precondition(
+        "cut " + std::to_string(id) + " is not complete: " + std::to_string(cut->ranks.size()) +
+            " of its " + std::to_string(cut->world_size) + " ranks gave their share",
+        error_reason::kCutIncomplete);
+  }
+  return {};
 }
 
 const Cut& CutLedger::restore(uint64_t id) {

@@ -1,5 +1,5 @@
-// Checkpoint cuts (docs/SEMANTICS.md, "Checkpoint cuts"): the ledger of a run's cuts. Every
-// rank of a group gives its share of the group's seq-th cut (the jobs it holds partly trained);
+// The ledger of a run's checkpoint cuts (docs/SEMANTICS.md, "Checkpoint cuts"). Every rank
+// of a group gives its share of the group's seq-th cut (the jobs it holds partly trained);
 // once every rank has given its share the cut is complete and holds the run's progress as of
 // then, which a later group restores. Pure, as the rest of core/: Run (core/run.h) checks a
 // share against its workers, leases and groups, and asks the ledger for the rest.
@@ -78,8 +78,6 @@ class CutLedger {
   const std::deque<Cut>& cuts() const { return cuts_; }
   const Cut* find(uint64_t id) const;
   const Cut* latest() const;  // the latest complete cut, or nullptr
-  // The ids of the complete cuts, "2, 3" (empty: none), for a message.
-  std::string complete_ids() const;
   static CutShareReply reply_of(const Cut& cut) {
     return CutShareReply{cut.id, cut.complete(), cut.ranks, cut.world_size};
   }
@@ -110,6 +108,10 @@ class CutLedger {
   void keep_latest();
   // A new group took over: the pending cuts of the group before can complete no more.
   void drop_pending();
+  // Whether cut `id` can be restored: fails (cut_not_found, naming the cuts kept) when the
+  // ledger has no such cut, or (cut_incomplete) when not every rank gave its share. `run`: the
+  // run's name, for the message.
+  Result<void> check_restorable(uint64_t id, std::string_view run) const;
   // A restore of cut `id`: the cuts after it belong to the lineage the restore abandons (none is
   // restored again, and they would push `id` out of the cuts kept); drops them. Returns the cut,
   // whose `saved` progress the run takes on; then assert_restored(). REQUIRES: find(id) is

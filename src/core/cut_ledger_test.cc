@@ -123,7 +123,10 @@ TEST(CutLedger, KeepsTheLatestCompleteCutsAndAtMostSoManyPendingOnes) {
   }
   ASSERT_EQ(ledger.cuts().size(), 2u);
   EXPECT_EQ(ledger.cuts().front().id, 2u);
-  EXPECT_EQ(ledger.complete_ids(), "2, 3");
+  auto gone = ledger.check_restorable(1, "r");
+  ASSERT_FALSE(gone);
+  EXPECT_EQ(gone.error().reason, error_reason::kCutNotFound);
+  EXPECT_NE(gone.error().message.find("(it keeps cuts 2, 3)"), std::string::npos);
   for (uint64_t seq = 10; seq < 10 + CutLedger::kPendingKept + 1; ++seq) {
     ledger.add_share("g", seq, 1, 0, 2, {}, 1);  // one rank of two: pending
   }
@@ -131,6 +134,10 @@ TEST(CutLedger, KeepsTheLatestCompleteCutsAndAtMostSoManyPendingOnes) {
   for (const Cut& c : ledger.cuts()) pending += !c.complete();
   EXPECT_EQ(pending, CutLedger::kPendingKept);
   EXPECT_EQ(ledger.find(4), nullptr);  // the oldest pending one was dropped
+  auto pending_one = ledger.check_restorable(20, "r");
+  ASSERT_FALSE(pending_one);
+  EXPECT_EQ(pending_one.error().reason, error_reason::kCutIncomplete);
+  EXPECT_TRUE(ledger.check_restorable(3, "r"));
   EXPECT_EQ(ledger.inconsistency("g", 1), "");
   EXPECT_NE(ledger.inconsistency("h", 1), "");  // pending cuts of a group not current
   ledger.drop_pending();

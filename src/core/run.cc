@@ -911,19 +911,8 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
                                error_reason::kRunCancelled);
   }
   if (cut_id) {
-    const Cut* cut = cuts_.find(*cut_id);
-    if (cut == nullptr) {
-      const std::string kept = cuts_.complete_ids();
-      return not_found(
-          "run " + config_.name + " has no cut " + std::to_string(*cut_id) +
-              (kept.empty() ? std::string(" (it has none)") : " (it keeps cuts " + kept + ")"),
-          error_reason::kCutNotFound);
-    }
-    if (!cut->complete()) {
-      return failed_precondition("cut " + std::to_string(*cut_id) + " is not complete: " +
-                                     std::to_string(cut->ranks.size()) + " of its " +
-                                     std::to_string(cut->world_size) + " ranks gave their share",
-                                 error_reason::kCutIncomplete);
+    if (auto ok = cuts_.check_restorable(*cut_id, config_.name); !ok) {
+      return tl::unexpected(ok.error());
     }
   }
   const uint64_t done_before = jobs_done();
