@@ -308,9 +308,13 @@ def test_launch_takes_the_list_and_its_ranks_follow_the_leader(ha, tmp_path):
         ha.lead(0, term=3)
         code = agent.wait(timeout=120)
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(timeout=10)
+        if agent.poll() is None:  # SIGTERM first: the agent passes it on to its ranks
+            agent.terminate()
+            try:
+                agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait(timeout=10)
     log.seek(0)
     output = log.read()
     log.close()

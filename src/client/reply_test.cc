@@ -434,7 +434,7 @@ TEST(ClientReplies, TheClientActsOnErrorCodesNotOnMessages) {
 }
 
 // Several coordinators: a 421 not_leader names the leader (or none, during an election).
-TEST(ClientReply, NotLeaderNamesTheLeaderItsTermAndTheWait) {
+TEST(Reply, NotLeaderNamesTheLeaderItsTermAndTheWait) {
   auto named = reply::not_leader(
       421, R"({"error": {"code": "not_leader", "message": "m", "leader": "http://b:8470",
               "term": 12, "retry_after_ms": 250}})");

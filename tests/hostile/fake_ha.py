@@ -38,6 +38,7 @@ import http.client
 import http.server
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -85,6 +86,12 @@ def make_handler(coordinator: Coordinator, upstreams: threading.local):
 
         def log_message(self, *args) -> None:
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            # Headers and body leave in two writes: without this, each reply waits for a
+            # delayed ACK (40 ms).
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
             self.handle_one("GET")
@@ -160,6 +167,8 @@ def make_handler(coordinator: Coordinator, upstreams: threading.local):
                 if conn is None:
                     conn = upstreams.conn = http.client.HTTPConnection(*coordinator.upstream,
                                                                        timeout=120)
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 try:
                     conn.request(method, self.path, body=body if method == "POST" else None,
                                  headers=headers)
