@@ -245,6 +245,8 @@ TEST(EtcdJournal, CompactionKeepsEtcdStorageBoundedOverALongRun) {
   etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
   size_t max_keys = 0;
   for (int done = 0; done < waves; done += 50) {
+    auto kept = election.keep_alive();  // (a long run outlasts the lease)
+    ASSERT_TRUE(kept && *kept);
     ASSERT_TRUE(drive(leader, wall, 8, 50, &ids, &leases))
         << "after " << done << " waves: "
         << (leader.write_error ? leader.write_error->message : "a request was refused");

@@ -192,7 +192,7 @@ void run_through(const std::string& prefix, const std::function<void(ServerProce
   auto a = coordinator(cluster, config, prefix);
   ASSERT_TRUE(a);
   ASSERT_TRUE(leads(a->url()));
-  auto b = coordinator(cluster, config, "/kill");
+  auto b = coordinator(cluster, config, prefix);
   ASSERT_TRUE(b);
   Coordinators both({a->url(), b->url()});
 
@@ -264,7 +264,7 @@ void run_through(const std::string& prefix, const std::function<void(ServerProce
   killed = true;
   disrupt(*a);
   for (auto& t : workers) t.join();
-  ASSERT_FALSE(failed);
+  ASSERT_FALSE(failed) << "a said:\n" << a->read_output() << "\nb said:\n" << b->read_output();
   ASSERT_GT(first_job_after_kill_ns.load(), 0);
   std::printf(
       "failover: %.2f s from the disruption to the first job handed out after it\n",
@@ -311,6 +311,18 @@ void run_through(const std::string& prefix, const std::function<void(ServerProce
 
 TEST(HighAvailability, TheLeaderKilledMidRunTheStandbyFinishesItExactlyOnce) {
   run_through("/kill", [](ServerProcess& a) { a.kill(SIGKILL); });
+}
+
+TEST(HighAvailability, ALeaderPausedPastItsLeaseStepsDownAndCommitsNothing) {
+  std::unique_ptr<ServerProcess> keep_a;
+  run_through(
+      "/pause",
+      [](ServerProcess& a) {
+        a.signal(SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        a.signal(SIGCONT);
+      },
+      &keep_a);
 }
 
 }  // namespace
