@@ -88,6 +88,18 @@ class ServerProcess {
     return (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(port_);
   }
   const std::string& output() const { return output_; }
+  // What it has written to stdout since it started, waiting at most `ms` for more.
+  const std::string& read_output(int ms = 100) {
+    while (fd_ >= 0) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, ms) <= 0) break;
+      char buf[4096];
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      output_.append(buf, static_cast<size_t>(n));
+    }
+    return output_;
+  }
 
  private:
   ServerProcess(pid_t pid, int fd) : pid_(pid), fd_(fd) {}

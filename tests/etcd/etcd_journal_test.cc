@@ -97,7 +97,10 @@ bool drive(Node& node, ManualClock& wall, int workers, int waves, std::vector<ui
   if (ids->empty()) {
     for (int w = 0; w < workers; ++w) {
       HttpReply r = node.post("/v1/runs/e/workers", R"({"name": "w)" + std::to_string(w) + "\"}");
-      if (r.status != 200) return false;
+      if (r.status != 200) {
+        std::printf("%s\n", r.body.c_str());
+        return false;
+      }
       ids->push_back(std::stoull(r.body.substr(r.body.find("\"worker\":") + 9)));
     }
     leases->assign(workers, std::nullopt);
@@ -118,6 +121,9 @@ bool drive(Node& node, ManualClock& wall, int workers, int waves, std::vector<ui
     }
     auto replies = node.wave(requests);
     if (replies.size() != requests.size()) return false;
+    for (const HttpReply& r : replies) {
+      if (r.status != 200) std::printf("%d %s\n", r.status, r.body.c_str());
+    }
     for (int w = 0; w < workers; ++w) {
       const auto at = replies[w].body.find("\"lease\":");
       (*leases)[w] = at == std::string::npos
@@ -166,7 +172,7 @@ TEST(EtcdJournal, ARunWrittenThroughTheCoordinatorComesBackExactly) {
   options.chunk_bytes = 700;  // a snapshot in several chunks, in several txns
   options.txn_bytes = 2000;
   ManualClock wall(1'000'000);
-  EtcdElection election(options, "http://a", 5);
+  EtcdElection election(options, "http://a", 60);  // (no keep-alive here)
   std::string state;
   std::vector<uint64_t> ids;
   std::vector<std::optional<uint64_t>> leases;
@@ -192,7 +198,7 @@ TEST(EtcdJournal, ADeposedLeaderIsRefusedAndNothingOfItsWriteLands) {
   ASSERT_TRUE(cluster.started());
   const auto options = options_of(cluster, 1000);
   ManualClock wall(1'000'000);
-  EtcdElection first(options, "http://first", 5), second(options, "http://second", 5);
+  EtcdElection first(options, "http://first", 60), second(options, "http://second", 60);
   Node a(wall, lead(first, options), false);
   ASSERT_EQ(a.post("/v1/runs", config_json(30)).status, 201);
   std::vector<uint64_t> ids;
@@ -231,7 +237,7 @@ TEST(EtcdJournal, CompactionKeepsEtcdStorageBoundedOverALongRun) {
                         ? std::atoi(std::getenv("TRAINCOORD_ETCD_LONG_WAVES"))
                         : 300;
   ManualClock wall(1'000'000);
-  EtcdElection election(options, "http://a", 5);
+  EtcdElection election(options, "http://a", 60);  // (no keep-alive here)
   Node leader(wall, lead(election, options), false);
   ASSERT_EQ(leader.post("/v1/runs", config_json(100000)).status, 201);
   std::vector<uint64_t> ids;
@@ -239,7 +245,11 @@ TEST(EtcdJournal, CompactionKeepsEtcdStorageBoundedOverALongRun) {
   etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
   size_t max_keys = 0;
   for (int done = 0; done < waves; done += 50) {
-    ASSERT_TRUE(drive(leader, wall, 8, 50, &ids, &leases));
+    auto kept = election.keep_alive();  // (a long run outlasts the lease)
+    ASSERT_TRUE(kept && *kept);
+    ASSERT_TRUE(drive(leader, wall, 8, 50, &ids, &leases))
+        << "after " << done << " waves: "
+        << (leader.write_error ? leader.write_error->message : "a request was refused");
     max_keys = std::max(max_keys, keys_under(cluster, "/jt/"));
   }
   auto status = client.status();
