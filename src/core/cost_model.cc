@@ -103,7 +103,11 @@ bool CostModel::report(uint32_t rank, const BatchShape& shape, double seconds) {
   }
   const double n = static_cast<double>(shape.samples);
   const Vec x = {1.0, n * shape.longest, n * shape.longest * shape.longest};
-  double w = 1.0 / (seconds * seconds);  // relative errors
+  // Relative errors: each report weighs 1 / time². Once fitted, the time is the prediction's,
+  // and a report off it by more than `huber` (relative) is weighed down by huber / error: a
+  // report far too long (a pause) or far too short (a timer read early) pulls no more than one
+  // at the edge would.
+  double w = 1.0 / (seconds * seconds);
   // The reference fit for outliers is refreshed at reports 8, 16, 32, 64, then every 64: O(1)
   // amortised per report, and the same reports always give the same weights.
   if (fitted()) {
@@ -113,6 +117,7 @@ bool CostModel::report(uint32_t rank, const BatchShape& shape, double seconds) {
         reference_speed_[rank] *
         (reference_theta_[0] * x[0] + reference_theta_[1] * x[1] + reference_theta_[2] * x[2]);
     if (predicted > 0) {
+      w = 1.0 / (predicted * predicted);
       const double error = std::abs(seconds / predicted - 1.0);
       if (error > options_.huber) w *= options_.huber / error;
     }

@@ -48,8 +48,9 @@ struct CostModelOptions {
 };
 
 // A cost model per rank: rank r's batch of shape x takes time ≈ speed(r) · shared().padded(x).
-// Fitted by weighted least squares (relative errors: each report is weighted by 1/time², so a
-// slow rank's long times do not dominate) over the features (1, n·L, n·L²), with the rank
+// Fitted by weighted least squares (relative errors: each report is weighted by 1/time², the
+// predicted time once fitted, so a slow rank's long times do not dominate; outliers are
+// weighted down, see CostModelOptions::huber) over the features (1, n·L, n·L²), with the rank
 // factors estimated jointly by alternating least squares. Incremental: a report only adds to
 // per-rank sums (O(1) time and memory per report); the fit is solved from the sums when asked.
 // Speeds are normalised so that the fastest rank with enough reports has speed 1: shared() is

@@ -156,14 +156,6 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
     while (u >= remaining(i)) u -= remaining(i++);
     return i;
   };
-  auto nearest_with_samples = [&](size_t current) {  // shorter first
-    if (remaining(current) > 0) return current;
-    for (size_t d = 1;; ++d) {
-      if (d <= current && remaining(current - d) > 0) return current - d;
-      if (current + d < bucket.size() && remaining(current + d) > 0) return current + d;
-      TC_ASSERT(d < bucket.size());
-    }
-  };
   // The predicted time of rank r's batch with one more sample of length `length`.
   auto time_with = [&](size_t r, double length) {
     return speeds[r] * config.cost.padded({n[r] + 1, std::max(longest[r], length)});
@@ -267,35 +259,7 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
   };
   while (left > 0) {
     Step step;
-    step.batches.resize(w);
-    std::fill(n.begin(), n.end(), 0);
-    std::fill(longest.begin(), longest.end(), 0.0);
-    auto take = [&](size_t r, size_t from) {
-      const uint64_t s = bucket[from][cursor[from]++];
-      step.batches[r].samples.push_back(s);
-      ++n[r];
-      longest[r] = std::max(longest[r], lengths[s]);
-      --left;
-    };
-    if (plan->steps.size() < config.mixed_steps) {
-      // Each rank fills its batch from a bucket of its own, and the steps fill their batches
-      // to 1/4, 1, 1/2, 3/4 of the budget in turn: batches that all cost the budget would not
-      // tell a model's per-batch overhead from its per-sample cost.
-      constexpr double kFill[4] = {0.25, 1.0, 0.5, 0.75};
-      const double capacity = config.batch_budget * kFill[plan->steps.size() % 4];
-      for (size_t r = 0; r < w && left > 0; ++r) {
-        size_t current = pick_bucket();
-        while (left > 0) {
-          current = nearest_with_samples(current);
-          const double length = lengths[bucket[current][cursor[current]]];
-          if (n[r] > 0 && time_with(r, length) > capacity) break;
-          take(r, current);
-        }
-      }
-    } else {
-      shared_bucket_step(pick_bucket(), &step);
-      for (size_t r = 0; r < w; ++r) n[r] = step.batches[r].samples.size();
-    }
+    shared_bucket_step(pick_bucket(), &step);
     plan->steps.push_back(std::move(step));
   }
 }

@@ -104,10 +104,6 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
     const bool warm_up = !model.fitted();
     const uint64_t warmup_steps = std::max<uint64_t>(
         1, static_cast<uint64_t>(std::ceil(o.warmup * static_cast<double>(plan.steps.size()))));
-    if (warm_up) {  // the warm-up steps show the model a shape per rank
-      config.mixed_steps = warmup_steps;
-      plan = plan_epoch_steps(config, n, lengths, epoch);
-    }
     run.buckets = std::max(run.buckets, plan.buckets);
     StepPlan trained;  // the steps as trained: the epoch's figures
     trained.epoch = epoch;

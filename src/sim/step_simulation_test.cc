@@ -60,6 +60,9 @@ TEST(StepSimulation, StepModeBeatsDistributedSamplerAndUnsynchronisedBucketsOnAS
   EXPECT_LE(r->warmup_steps,
             static_cast<uint64_t>(0.05 * static_cast<double>(r->epochs[0].figures.steps)) + 1);
   EXPECT_LE(r->warmup_fit_error, 0.10);
+  EXPECT_LE(r->warmup_fit_error_max, 0.15);
+  // The first epoch, its first 5% planned blind, the rest with the model fitted then.
+  EXPECT_GE(r->epochs[0].figures.efficiency, 0.85);
   EXPECT_NEAR(r->warmup_speeds[7], 2.0, 0.2);
   EXPECT_LE(r->epochs.back().fit_error_max, 0.05);
 }
