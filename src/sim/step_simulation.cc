@@ -149,6 +149,7 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
     report.fitted = model.shared();
     report.speeds = model.speeds();
     report.reports = model.reports();
+    report.has_fit = model.fitted();
     if (model.fitted()) {
       const FitError error = fit_error(model, trained, o.cost, slowdowns);
       report.fit_error = error.mean;
@@ -413,7 +414,12 @@ void print_step_report(const StepSimulationResult& r, const StepSimulationOption
                   static_cast<long long>(e.epoch), static_cast<unsigned long long>(f.steps),
                   f.efficiency, f.straggling, 100 * f.padding, f.time,
                   e.exactly_once ? "yes" : "NO");
-    out << line << e.fitted.describe() << " (";
+    out << line;
+    if (!e.has_fit) {
+      out << "not fitted (" << e.reports << " reports)\n";
+      continue;
+    }
+    out << e.fitted.describe() << " (";
     for (size_t i = 0; i < e.speeds.size(); ++i) out << (i ? " " : "") << fixed(e.speeds[i], 2);
     out << "), error mean " << fixed(100 * e.fit_error, 1) << "% max "
         << fixed(100 * e.fit_error_max, 1) << "%\n";

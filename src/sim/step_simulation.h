@@ -74,6 +74,7 @@ struct StepEpochReport {
   BatchCost fitted;              // the model at the end of the epoch
   std::vector<double> speeds;
   uint64_t reports = 0;
+  bool has_fit = false;  // enough reports to fit the model
   // The model's relative error on this epoch's batches (true time, no noise): mean and max.
   double fit_error = 0;
   double fit_error_max = 0;
