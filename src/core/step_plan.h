@@ -88,7 +88,8 @@ struct StepPlanConfig {
   uint64_t batch_size = 0;
   double batch_budget = 0;  // the most padded cost of a batch at speed 1
   BatchCost cost;
-  // Each rank's time factor (1: the fastest; 2: twice as slow); empty: every rank 1.
+  // Each rank's time factor (2: twice as slow as a rank of 1; divided by the smallest, so the
+  // fastest is 1 and the budget is its batch time); empty: every rank alike.
   std::vector<double> speeds;
   BucketOptions buckets;
 };
@@ -117,7 +118,7 @@ struct StepPlan {
 
 // Checks a config against the set: ranks >= 1 and at most 2^20; fixed mode needs nothing more;
 // cost-balanced mode needs one finite length >= 0 per sample, a finite budget > 0, a cost with
-// finite coefficients >= 0 and b + c > 0, one finite speed >= 1 per rank (or none). Returns
+// finite coefficients >= 0 and b + c > 0, one finite speed > 0 per rank (or none). Returns
 // kInvalidArgument naming the field (ranks, batch_size, batch_budget, cost, speeds, lengths).
 Result<void> check_step_config(const StepPlanConfig& config, uint64_t samples,
                                std::span<const double> lengths);

@@ -78,6 +78,13 @@ FitError fit_error(const CostModel& model, const StepPlan& plan, const BatchCost
   return {batches == 0 ? 0 : sum / static_cast<double>(batches), worst};
 }
 
+// The cost the planner uses: the fitted model, or the declared one while the fit says no
+// sample costs anything (b = c = 0: only a per-batch overhead), which no budget can bound.
+BatchCost planning_cost(const CostModel& model, const BatchCost& declared) {
+  const BatchCost fit = model.shared();
+  return fit.b + fit.c > 0 ? fit : declared;
+}
+
 struct StepModeRun {
   std::vector<StepEpochReport> epochs;
   FitError warmup_fit_error;
@@ -97,7 +104,7 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
     StepPlanConfig config = planner_config(o);
     if (model.fitted()) {
-      config.cost = model.shared();
+      config.cost = planning_cost(model, o.cost);
       config.speeds = model.speeds();
     }
     StepPlan plan = plan_epoch_steps(config, n, lengths, epoch);
@@ -135,7 +142,7 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
         run.warmup_fitted = model.shared();
         run.warmup_speeds = model.speeds();
         StepPlanConfig fitted = planner_config(o);
-        fitted.cost = model.shared();
+        fitted.cost = planning_cost(model, o.cost);
         fitted.speeds = model.speeds();
         StepPlan rest = plan_rest_of_epoch(fitted, n, lengths, epoch, untrained);
         report.replanned_after = k + 1;
