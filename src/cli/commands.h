@@ -60,7 +60,23 @@ std::string join(const std::vector<std::string>& items);
 int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
               bool apply);
 
+// `simulate --steps`: a dry run of step mode (src/sim/step_simulation.h).
+struct StepSimulateArgs {
+  bool enabled = false;
+  int ranks = 8;
+  std::string lengths;     // a file of lengths, or
+  uint64_t synthetic = 0;  // this many synthetic ones
+  double budget = 0;
+  std::string cost = "0.5,1,0.05";
+  int epochs = 2;
+  int slow_rank = -1;
+  double slowdown = 2;
+  double noise = 0.05;
+  bool compare = false;
+};
+
 struct SimulateArgs {
+  StepSimulateArgs steps;
   std::string config;
   int workers = 1;
   std::string losses;

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
       "simulate",
       "Dry-run a run config with simulated workers: the plan, every hand-out, the "
       "epoch losses and early stopping");
-  sim->add_option("--config", sim_args.config, "the run config (TOML)")->required();
+  sim->add_option("--config", sim_args.config, "the run config (TOML); required without --steps");
   sim->add_option("--workers", sim_args.workers, "simulated workers")->check(CLI::Range(1, 100000));
   sim->add_option("--losses", sim_args.losses,
                   "a file of 'SET EPOCH LOSS' lines: the loss each job of that epoch reports");
@@ -87,9 +87,33 @@ int main(int argc, char** argv) {
                                                      traincoord::kCompletionOrderNames.end())));
   sim->add_option("--seed", sim_args.seed, "the seed of --order random");
   sim->add_flag("--json", sim_args.json, "print a machine-readable trace (docs/SIMULATE.md)");
+  // Step mode (issue 32): a dry run of the step planner and the cost model (docs/SIMULATE.md).
+  StepSimulateArgs& steps = sim_args.steps;
+  sim->add_flag("--steps", steps.enabled,
+                "dry-run step mode for a synchronous group: E, S, P and the fitted cost model");
+  sim->add_option("--ranks", steps.ranks, "--steps: ranks in the group")
+      ->check(CLI::Range(1, 4096));
+  sim->add_option("--lengths", steps.lengths, "--steps: a file of sample lengths, one a line");
+  sim->add_option("--synthetic-lengths", steps.synthetic,
+                  "--steps: N log-normal utterance durations of 1-35 s instead of --lengths")
+      ->check(CLI::Range(1, 10000000));
+  sim->add_option("--batch-budget", steps.budget,
+                  "--steps: the most padded cost of a batch at the fastest rank's speed");
+  sim->add_option("--cost", steps.cost,
+                  "--steps: the true cost A,B,C of a batch: A + B·n·L + C·n·L²");
+  sim->add_option("--epochs", steps.epochs, "--steps: epochs to simulate")
+      ->check(CLI::Range(1, 1000));
+  sim->add_option("--slow-rank", steps.slow_rank,
+                  "--steps: this rank runs --slowdown times slower");
+  sim->add_option("--slowdown", steps.slowdown, "--steps: how much slower --slow-rank runs");
+  sim->add_option("--noise", steps.noise, "--steps: relative noise of the reported batch times");
+  sim->add_flag("--compare", steps.compare,
+                "--steps: also DistributedSampler and unsynchronised bucketing, side by side");
   sim->footer(example({"traincoord simulate --config examples/runs/example.toml --workers 4",
                        "traincoord simulate --config run.toml --workers 8 --order random --seed 1 "
-                       "--json"}));
+                       "--json",
+                       "traincoord simulate --steps --ranks 8 --synthetic-lengths 20000 "
+                       "--batch-budget 400 --compare"}));
 
   ServeArgs serve_args;
   CLI::App* srv = app.add_subcommand("serve", "Serve runs to workers over HTTP (docs/API.md)");

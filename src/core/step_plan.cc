@@ -1,0 +1,420 @@
+#include "core/step_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "core/sample_order.h"
+
+namespace traincoord {
+
+namespace {
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finaliser, as in sample_order.cc
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr uint64_t kBucketTag = 0x6275636b65747321ULL;  // "buckets!": independent of the orders
+constexpr uint32_t kMaxRanks = uint32_t{1} << 20;
+
+// The samples of `untrained` (all of them when `all`) in epoch `epoch`'s seeded order.
+std::vector<uint64_t> epoch_order(const StepPlanConfig& config, uint64_t samples, int64_t epoch,
+                                  std::span<const uint64_t> untrained, bool all) {
+  std::vector<bool> wanted;
+  if (!all) {
+    wanted.assign(samples, false);
+    for (uint64_t s : untrained) {
+      TC_ASSERT(s < samples && !wanted[s]);
+      wanted[s] = true;
+    }
+  }
+  std::vector<uint64_t> order;
+  order.reserve(all ? samples : untrained.size());
+  if (samples == 0) return order;
+  const SampleOrder permutation(samples, 1, config.seed, config.set, SampleShuffle::kEpoch);
+  for (uint64_t p = 0; p < samples; ++p) {
+    const uint64_t s = permutation.at(epoch, p);
+    if (all || wanted[s]) order.push_back(s);
+  }
+  return order;
+}
+
+std::vector<double> normalised_speeds(const StepPlanConfig& config) {
+  std::vector<double> speeds = config.speeds;
+  if (speeds.empty()) speeds.assign(config.ranks, 1.0);
+  const double fastest = *std::min_element(speeds.begin(), speeds.end());
+  for (double& s : speeds) s /= fastest;
+  return speeds;
+}
+
+// Evens the plan out at its end: while the last step has an empty batch, the first such rank
+// takes the last sample of the largest batch (two or more samples) of the latest step that has
+// one; when none has, the last step's samples join the step before (each to its smallest batch)
+// and the last step is gone. Leaves empty batches only when the plan is one step.
+void even_out_tail(std::vector<Step>* steps) {
+  while (steps->size() > 1) {
+    Step& last = steps->back();
+    auto empty = std::find_if(last.batches.begin(), last.batches.end(),
+                              [](const RankBatch& b) { return b.samples.empty(); });
+    if (empty == last.batches.end()) return;
+    RankBatch* donor = nullptr;
+    for (size_t k = steps->size() - 1; k-- > 0 && donor == nullptr;) {
+      for (RankBatch& b : (*steps)[k].batches) {
+        if (b.samples.size() >= 2 &&
+            (donor == nullptr || b.samples.size() > donor->samples.size())) {
+          donor = &b;
+        }
+      }
+    }
+    if (donor != nullptr) {
+      empty->samples.push_back(donor->samples.back());
+      donor->samples.pop_back();
+      continue;
+    }
+    Step& before = (*steps)[steps->size() - 2];
+    for (const RankBatch& b : last.batches) {
+      for (uint64_t s : b.samples) {
+        auto smallest = std::min_element(before.batches.begin(), before.batches.end(),
+                                         [](const RankBatch& x, const RankBatch& y) {
+                                           return x.samples.size() < y.samples.size();
+                                         });
+        smallest->samples.push_back(s);
+      }
+    }
+    steps->pop_back();
+  }
+}
+
+// Sets every batch's loss scale, and in cost-balanced mode its longest length and prediction.
+void finish(const StepPlanConfig& config, std::span<const double> lengths,
+            const std::vector<double>& speeds, StepPlan* plan) {
+  const double w = static_cast<double>(plan->ranks);
+  for (Step& step : plan->steps) {
+    const double n = static_cast<double>(step.samples());
+    for (size_t r = 0; r < step.batches.size(); ++r) {
+      RankBatch& b = step.batches[r];
+      b.loss_scale = b.samples.empty() ? 0 : static_cast<double>(b.samples.size()) * w / n;
+      if (!lengths.empty()) {
+        b.longest = 0;
+        for (uint64_t s : b.samples) b.longest = std::max(b.longest, lengths[s]);
+      }
+      if (config.batch_size == 0) b.predicted = speeds[r] * config.cost.padded(b.shape());
+    }
+  }
+}
+
+void plan_fixed(const StepPlanConfig& config, const std::vector<uint64_t>& order, StepPlan* plan) {
+  const uint64_t w = config.ranks;
+  const uint64_t b = config.batch_size;
+  const uint64_t per_step = w * b;
+  const uint64_t m = order.size();
+  for (uint64_t first = 0; first < m; first += per_step) {
+    const uint64_t count = std::min(per_step, m - first);
+    Step step;
+    step.batches.resize(w);
+    uint64_t at = first;
+    for (uint64_t r = 0; r < w; ++r) {
+      // A full step: B each. The last, short step: split evenly, the first ranks one more.
+      const uint64_t size = count == per_step ? b : count / w + (r < count % w ? 1 : 0);
+      step.batches[r].samples.assign(order.begin() + static_cast<std::ptrdiff_t>(at),
+                                     order.begin() + static_cast<std::ptrdiff_t>(at + size));
+      at += size;
+    }
+    TC_ASSERT(at == first + count);
+    plan->steps.push_back(std::move(step));
+  }
+}
+
+void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths,
+                   const std::vector<double>& speeds, const std::vector<uint64_t>& order,
+                   int64_t epoch, StepPlan* plan) {
+  const LengthBuckets buckets =
+      fit_buckets(lengths, config.cost, config.batch_budget, config.buckets);
+  plan->buckets = buckets.upper.size();
+  // Each bucket's samples in the epoch's order, consumed from the front.
+  std::vector<std::vector<uint64_t>> bucket(buckets.upper.size());
+  for (uint64_t s : order) bucket[buckets.bucket_of(lengths[s])].push_back(s);
+  std::vector<size_t> cursor(bucket.size(), 0);
+  uint64_t left = order.size();
+  auto remaining = [&](size_t i) { return bucket[i].size() - cursor[i]; };
+
+  uint64_t state =
+      mix64(mix64(config.seed ^ kBucketTag) ^
+            mix64(static_cast<uint64_t>(epoch) * 2 + static_cast<uint64_t>(config.set)));
+  const size_t w = config.ranks;
+  std::vector<uint64_t> n(w);
+  std::vector<double> longest(w);
+  auto pick_bucket = [&]() {  // a bucket at random, weighted by the samples it has left
+    state = mix64(state);
+    uint64_t u = state % left;
+    size_t i = 0;
+    while (u >= remaining(i)) u -= remaining(i++);
+    return i;
+  };
+  // The predicted time of rank r's batch with one more sample of length `length`.
+  auto time_with = [&](size_t r, double length) {
+    return speeds[r] * config.cost.padded({n[r] + 1, std::max(longest[r], length)});
+  };
+  // A step whose W ranks share bucket `first`. Its pool is the samples it may take: from `first`
+  // on, then from the nearest buckets (shorter first), until the pool holds more than the step
+  // could take were every sample as short as the pool's shortest. The pool is sorted longest
+  // first and dealt two ways, and the step keeps the better (the most useful cost per unit of
+  // the step's time, its slowest batch):
+  // - in runs: rank 0 fills its batch up to the budget, then rank 1, and so on. Each batch is a
+  //   run of near-equal lengths (its longest is its first) and pads far less than a random draw
+  //   of the bucket would;
+  // - each next sample to the rank whose batch would then take the least time (within the
+  //   budget): better where a batch holds only a few samples, and at the end of the epoch.
+  // Either way a sample that fits no batch ends the deal: those after it are no longer, and a
+  // batch of padded cost costs its longest for every sample. What the step does not take goes
+  // back to its bucket, first in line.
+  std::vector<uint64_t> pool;
+  auto shared_bucket_step = [&](size_t first, Step* step) {
+    pool.clear();
+    double shortest = std::numeric_limits<double>::infinity();
+    auto most = [&]() {  // the most samples of length >= shortest the step can take
+      const double each = config.cost.padded({1, shortest}) - config.cost.a;
+      if (!(each > 0)) return std::numeric_limits<uint64_t>::max();
+      double fit = 0;
+      for (size_t r = 0; r < w; ++r) {
+        fit +=
+            std::floor(std::max(0.0, config.batch_budget / speeds[r] - config.cost.a) / each) + 1;
+      }
+      return fit >= 1e18 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(fit);
+    };
+    for (size_t d = 0; left > 0 && d < 2 * bucket.size(); ++d) {
+      // d = 0: first; then first − 1, first + 1, first − 2, ...
+      const size_t step_of = (d + 1) / 2;
+      size_t b = first;
+      if (d % 2 == 1) {
+        if (step_of > first) continue;
+        b = first - step_of;
+      } else if (d > 0) {
+        b = first + step_of;
+        if (b >= bucket.size()) continue;
+      }
+      while (remaining(b) > 0 && pool.size() <= most()) {
+        const uint64_t s = bucket[b][cursor[b]++];
+        --left;
+        pool.push_back(s);
+        shortest = std::min(shortest, lengths[s]);
+      }
+      if (pool.size() > most()) break;
+    }
+    std::sort(pool.begin(), pool.end(), [&](uint64_t x, uint64_t y) {
+      return lengths[x] != lengths[y] ? lengths[x] > lengths[y] : x < y;
+    });
+    auto deal = [&](bool runs, std::vector<RankBatch>* batches) {
+      batches->assign(w, RankBatch{});
+      std::fill(n.begin(), n.end(), 0);
+      std::fill(longest.begin(), longest.end(), 0.0);
+      size_t r = 0;
+      size_t taken = 0;
+      for (; taken < pool.size(); ++taken) {
+        const uint64_t s = pool[taken];
+        size_t to = w;
+        if (runs) {
+          while (r < w && n[r] > 0 && time_with(r, lengths[s]) > config.batch_budget) ++r;
+          to = r;
+        } else {
+          double best = 0;
+          for (size_t q = 0; q < w; ++q) {
+            const double t = time_with(q, lengths[s]);
+            if (n[q] > 0 && t > config.batch_budget) continue;
+            if (to == w || t < best) {
+              to = q;
+              best = t;
+            }
+          }
+        }
+        if (to == w) break;
+        (*batches)[to].samples.push_back(s);
+        ++n[to];
+        longest[to] = std::max(longest[to], lengths[s]);
+      }
+      double useful = 0, slowest = 0;
+      for (size_t q = 0; q < w; ++q) {
+        for (uint64_t s : (*batches)[q].samples) useful += config.cost.sample(lengths[s]);
+        slowest = std::max(slowest, speeds[q] * config.cost.padded({n[q], longest[q]}));
+      }
+      return std::pair<size_t, double>{taken, slowest > 0 ? useful / slowest : 0};
+    };
+    std::vector<RankBatch> in_runs, least_time;
+    const auto [runs_taken, runs_value] = deal(true, &in_runs);
+    const auto [least_taken, least_value] = deal(false, &least_time);
+    const bool runs = runs_value >= least_value;
+    step->batches = runs ? std::move(in_runs) : std::move(least_time);
+    const size_t taken = runs ? runs_taken : least_taken;
+    for (size_t i = pool.size(); i-- > taken;) {  // back to their buckets, first in line
+      const size_t b = buckets.bucket_of(lengths[pool[i]]);
+      TC_ASSERT(cursor[b] > 0);
+      bucket[b][--cursor[b]] = pool[i];
+      ++left;
+    }
+  };
+  while (left > 0) {
+    Step step;
+    shared_bucket_step(pick_bucket(), &step);
+    plan->steps.push_back(std::move(step));
+  }
+}
+
+StepPlan plan(const StepPlanConfig& config, uint64_t samples, std::span<const double> lengths,
+              int64_t epoch, std::span<const uint64_t> untrained, bool all) {
+  TC_ASSERT(check_step_config(config, samples, lengths).has_value());
+  StepPlan result;
+  result.epoch = epoch;
+  result.ranks = config.ranks;
+  const std::vector<uint64_t> order = epoch_order(config, samples, epoch, untrained, all);
+  const std::vector<double> speeds = normalised_speeds(config);
+  if (config.batch_size > 0) {
+    plan_fixed(config, order, &result);
+  } else {
+    plan_balanced(config, lengths, speeds, order, epoch, &result);
+  }
+  even_out_tail(&result.steps);
+  finish(config, lengths, speeds, &result);
+  // The promises of step_plan.h.
+  TC_ASSERT(result.samples() == order.size());
+  for (const Step& step : result.steps) {
+    TC_ASSERT(step.batches.size() == config.ranks);
+    for (const RankBatch& b : step.batches) {
+      TC_ASSERT(!b.samples.empty() || (result.steps.size() == 1 && order.size() < config.ranks));
+    }
+  }
+  return result;
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+size_t LengthBuckets::bucket_of(double length) const {
+  TC_ASSERT(!upper.empty());
+  const auto it = std::lower_bound(upper.begin(), upper.end(), length);
+  return it == upper.end() ? upper.size() - 1 : static_cast<size_t>(it - upper.begin());
+}
+
+LengthBuckets fit_buckets(std::span<const double> lengths, const BatchCost& cost, double budget,
+                          const BucketOptions& options) {
+  LengthBuckets buckets;
+  if (lengths.empty()) {
+    buckets.upper.push_back(0);
+    return buckets;
+  }
+  std::vector<double> sorted(lengths.begin(), lengths.end());
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  double ratio = 1 + 2 * std::max(0.0, options.max_padding);
+  for (int attempt = 0;; ++attempt) {
+    buckets.upper.clear();
+    size_t start = 0;
+    while (start < n) {
+      const double low = cost.sample(sorted[start]);
+      size_t end = start + 1;
+      while (end < n) {
+        const double here = cost.sample(sorted[end]);
+        // One batch at this length holds about budget / cost samples.
+        const double per_batch = here > 0 ? std::max(1.0, std::floor(budget / here)) : 1.0;
+        const bool too_few = static_cast<double>(end - start) < options.min_batches * per_batch;
+        const bool same = sorted[end] == sorted[end - 1];
+        if (!same && !too_few && here > ratio * low) break;
+        ++end;
+      }
+      buckets.upper.push_back(sorted[end - 1]);
+      start = end;
+    }
+    if (buckets.upper.size() <= std::max<size_t>(1, options.max_buckets) || attempt >= 64) break;
+    ratio = 1 + (ratio - 1) * 1.25;
+  }
+  return buckets;
+}
+
+uint64_t Step::samples() const {
+  uint64_t n = 0;
+  for (const RankBatch& b : batches) n += b.samples.size();
+  return n;
+}
+
+uint64_t StepPlan::samples() const {
+  uint64_t n = 0;
+  for (const Step& s : steps) n += s.samples();
+  return n;
+}
+
+Result<void> check_step_config(const StepPlanConfig& c, uint64_t samples,
+                               std::span<const double> lengths) {
+  if (c.ranks < 1 || c.ranks > kMaxRanks) {
+    return invalid_argument(
+        "ranks", "ranks: " + std::to_string(c.ranks) + " ranks; a group has 1 to 2^20 ranks");
+  }
+  if (!c.speeds.empty()) {
+    if (c.speeds.size() != c.ranks) {
+      return invalid_argument("speeds", "speeds: " + std::to_string(c.speeds.size()) +
+                                            " speed factors for " + std::to_string(c.ranks) +
+                                            " ranks; give one per rank, or none");
+    }
+    for (size_t r = 0; r < c.speeds.size(); ++r) {
+      if (!std::isfinite(c.speeds[r]) || c.speeds[r] <= 0) {
+        return invalid_argument("speeds", "speeds: rank " + std::to_string(r) + "'s factor " +
+                                              number(c.speeds[r]) +
+                                              " is not a finite number above 0");
+      }
+    }
+  }
+  if (!lengths.empty() && lengths.size() != samples) {
+    return invalid_argument("lengths", "lengths: " + std::to_string(lengths.size()) +
+                                           " lengths for a set of " + std::to_string(samples) +
+                                           " samples; give one per sample");
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (!std::isfinite(lengths[i]) || lengths[i] < 0) {
+      return invalid_argument("lengths", "lengths: sample " + std::to_string(i) + "'s length " +
+                                             number(lengths[i]) + " is not a finite number >= 0");
+    }
+  }
+  if (c.batch_size > 0) return {};
+  if (lengths.size() != samples) {
+    return invalid_argument("lengths",
+                            "lengths: cost-balanced batches (no batch_size) need one "
+                            "length per sample; give the lengths, or a batch_size");
+  }
+  if (!std::isfinite(c.batch_budget) || c.batch_budget <= 0) {
+    return invalid_argument("batch_budget", "batch_budget: " + number(c.batch_budget) +
+                                                " is not a finite number above 0");
+  }
+  for (double v : {c.cost.a, c.cost.b, c.cost.c}) {
+    if (!std::isfinite(v) || v < 0) {
+      return invalid_argument("cost", "cost: " + c.cost.describe() +
+                                          ": every coefficient must be a finite number >= 0");
+    }
+  }
+  if (c.cost.b + c.cost.c <= 0) {
+    return invalid_argument("cost", "cost: " + c.cost.describe() +
+                                        ": b or c must be above 0 (else every sample costs "
+                                        "nothing and no budget bounds a batch)");
+  }
+  return {};
+}
+
+StepPlan plan_epoch_steps(const StepPlanConfig& config, uint64_t samples,
+                          std::span<const double> lengths, int64_t epoch) {
+  return plan(config, samples, lengths, epoch, {}, true);
+}
+
+StepPlan plan_rest_of_epoch(const StepPlanConfig& config, uint64_t samples,
+                            std::span<const double> lengths, int64_t epoch,
+                            std::span<const uint64_t> untrained) {
+  return plan(config, samples, lengths, epoch, untrained, false);
+}
+
+}  // namespace traincoord
