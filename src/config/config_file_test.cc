@@ -177,6 +177,17 @@ TEST(ConfigJson, RefusesWhatTomlRefusesNamingTheField) {
   EXPECT_FALSE(parse_run_config_json("[1]", "request"));
 }
 
+TEST(ConfigJson, BytesBeforeOrANulInsideTheTextAreRefused) {
+  const std::string good = R"({"name": "j", "data": {"train_batches": 2}})";
+  ASSERT_TRUE(parse_run_config_json(good, "request"));
+  for (const std::string prefix : {"\xEF", "\xBB", "\xBF", "\xEF\xBB\xBF"}) {
+    EXPECT_FALSE(parse_run_config_json(prefix + good, "request")) << prefix.size();
+  }
+  auto nul = parse_run_config_json(good + std::string(1, '\0') + "x", "request");
+  ASSERT_FALSE(nul);
+  EXPECT_NE(nul.error().message.find("NUL"), std::string::npos) << nul.error().message;
+}
+
 }  // namespace
 }  // namespace traincoord
 

@@ -4,6 +4,7 @@
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
 #include <toml++/toml.h>
 
 #include "config/config_file.h"
@@ -57,7 +58,14 @@ Result<void> convert(const rapidjson::Value& in, const std::string& prefix, int 
 
 Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view source) {
   rapidjson::Document doc;
-  doc.Parse<rapidjson::kParseIterativeFlag>(json.data(), json.size());  // no recursion
+  if (const size_t nul = json.find('\0'); nul != std::string_view::npos) {
+    return invalid_argument("", std::string(source) + ": a NUL byte at offset " +
+                                    std::to_string(nul) + "; a JSON text holds none");
+  }
+  // A plain MemoryStream, not Parse(data, size): that one skips a byte order mark and any lone
+  // 0xEF, 0xBB or 0xBF byte before the text (see parse_body in server/api.cc).
+  rapidjson::MemoryStream stream(json.data(), json.size());
+  doc.ParseStream<rapidjson::kParseIterativeFlag, rapidjson::UTF8<>>(stream);  // no recursion
   if (doc.HasParseError()) {
     return invalid_argument("", std::string(source) + ": invalid JSON at offset " +
                                     std::to_string(doc.GetErrorOffset()) + ": " +

@@ -10,6 +10,7 @@
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <boost/container/small_vector.hpp>
@@ -56,8 +57,12 @@ Result<void> parse_body(const std::string& text, BodyDocument& doc) {
                                     ": send the JSON text alone");
   }
   // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
-  doc.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(text.data(),
-                                                                             text.size());
+  // Read from a plain MemoryStream: Parse(data, size) wraps it in an EncodedInputStream, which
+  // skips a byte order mark, and also a lone 0xEF, 0xBB or 0xBF byte ("\xEF{}" parsed as "{}"),
+  // so the body would be accepted here and refused by the canonical writer (found by fuzz_api).
+  rapidjson::MemoryStream stream(text.data(), text.size());
+  doc.ParseStream<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag,
+                  rapidjson::UTF8<>>(stream);
   if (doc.HasParseError()) {
     return invalid_argument("", "the body is not valid JSON: " +
                                     std::string(rapidjson::GetParseError_En(doc.GetParseError())) +

@@ -143,6 +143,19 @@ TEST_F(RequestRecordTest, ABodyWithANulByteAfterItIsRefused) {
   EXPECT_TRUE(records().empty());
 }
 
+// RapidJSON's Parse(data, size) skips a byte order mark, and a lone 0xEF, 0xBB or 0xBF byte
+// too; such a body was accepted as JSON, then failed the canonical writer's assertion (found by
+// fuzz_api). Any byte before the JSON text is refused, as any other invalid JSON.
+TEST_F(RequestRecordTest, ABodyWithBytesBeforeItsJsonIsRefused) {
+  for (const std::string prefix : {"\xEF", "\xBB", "\xBF", "\xEF\xBB\xBF", "\xEF\x7B"}) {
+    const HttpReply r = call("POST", "/v1/runs/r/workers", prefix + R"({"name": "w0"} )");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("not valid JSON"), std::string::npos) << r.body;
+  }
+  EXPECT_TRUE(records().empty());
+  EXPECT_EQ(call("POST", "/v1/runs/r/workers", R"({"name": "w0"})").status, 200);
+}
+
 TEST_F(RequestRecordTest, NamesThatLookAlikeAreOneNameOrRefused) {
   ASSERT_EQ(call("POST", "/v1/runs/r/workers", R"({"name": "w0"})").status, 200);
   // w0 followed by U+200B ZERO WIDTH SPACE: refused, naming the character.
