@@ -377,6 +377,8 @@ class Worker {
 //     stream.complete(**job, {.loss = train((*job)->batches), .samples = 32});  // returns at once
 //   }
 //   stream.close();  // hands back what was fetched ahead, sends what is queued
+struct StreamState;  // client/stream_round.h: what the stream knows under its lock
+
 class JobStream {
  public:
   // REQUIRES: 1 <= depth <= 64; `worker` outlives the stream.
@@ -405,6 +407,7 @@ class JobStream {
 
  private:
   void loop();
+  StreamState state() const;  // REQUIRES: mu_ held
   bool has_work() const;
 
   Worker& worker_;

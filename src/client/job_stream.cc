@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "client/reply.h"
+#include "client/stream_round.h"
 #include "client/wire.h"
 #include "core/sample_order.h"
 #include "json/json_writer.h"
@@ -90,10 +91,13 @@ Result<void> JobStream::close() {
   return {};
 }
 
+StreamState JobStream::state() const {
+  return {depth_, ready_.size(), outbox_.size(), waiting_, dry_, closing_ || finished_};
+}
+
 bool JobStream::has_work() const {
-  if (!outbox_.empty()) return true;
-  if (closing_ || finished_ || error_) return false;
-  return waiting_ || (!dry_ && ready_.size() < depth_);
+  if (error_) return false;
+  return client::has_work(state());
 }
 
 void JobStream::loop() {
@@ -105,10 +109,11 @@ void JobStream::loop() {
     std::vector<std::pair<Job, Completion>> done(outbox_.begin(), outbox_.begin() + take);
     outbox_.erase(outbox_.begin(), outbox_.begin() + take);
     sending_ = done.size();
-    size_t need = closing_ || finished_ ? 0 : depth_ - std::min(depth_, ready_.size());
-    if (waiting_) need = std::max<size_t>(need, 1);
-    if (dry_ && !waiting_) need = 0;
-    const bool long_poll = waiting_ && done.empty() && need > 0;
+    StreamState now = state();
+    now.completions = done.size();
+    const StreamRound round = plan_round(now);
+    const size_t need = round.jobs;
+    const bool long_poll = round.long_poll;
     lock.unlock();
 
     // The worker is ours alone while the stream is open (see the header).
