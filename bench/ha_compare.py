@@ -1,0 +1,243 @@
+#!/usr/bin/python3
+"""The journals side by side, in one run on this machine (docs/PERFORMANCE.md, "High
+availability"): job cycles per second and latency of one coordinator with its SQLite journal
+(the default) and with the etcd journal on a 3-member etcd cluster on loopback, both driven by
+bench/loadgen with the same workers; then the failover time of two coordinators on that
+cluster, from the leader's SIGKILL to the first job the new leader hands out (p50, max).
+Prints the figures and the ratios with their targets (issue 20: etcd >= 0.5x SQLite at 64
+workers; failover under 5 s with the default --lease-ttl). Every process it starts is stopped
+by its PID at the end, also on failure.
+
+    bench/ha_compare.py [--seconds S] [--workers W] [--failovers N]
+
+Needs build/ (scripts/build) and etcd (scripts/install-deps)."""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINCOORD = REPO / "build" / "traincoord"
+LOADGEN = REPO / "build" / "loadgen"
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+FAILOVER_RUN = """name = "failover"
+[data]
+train_batches = 1000000
+[schedule]
+epochs = 1
+[leases]
+timeout = 60
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Every process started, stopped by PID at the end."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, log):
+        p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, sig=signal.SIGTERM):
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            self.stop(p)
+
+
+def http(method, url, body=None, timeout=5):
+    """(status, parsed JSON body or None); (0, None) when nothing answered."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"null")
+        except ValueError:
+            return e.code, None
+    except (OSError, ValueError):
+        return 0, None
+
+
+def wait_until(what, predicate, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"ha_compare: {what} did not happen within {seconds} s")
+
+
+def start_etcd(procs, work):
+    members = [(f"m{i}", free_port(), free_port()) for i in range(3)]
+    cluster = ",".join(f"{n}=http://127.0.0.1:{peer}" for n, _, peer in members)
+    for name, client, peer in members:
+        procs.start([ETCD, f"--name={name}", f"--data-dir={work}/{name}.etcd",
+                     f"--listen-client-urls=http://127.0.0.1:{client}",
+                     f"--advertise-client-urls=http://127.0.0.1:{client}",
+                     f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                     f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                     f"--initial-cluster={cluster}", "--initial-cluster-state=new",
+                     "--initial-cluster-token=ha-compare", "--logger=zap",
+                     f"--log-outputs={work}/{name}.log"], f"{work}/{name}.out")
+    endpoints = ",".join(f"127.0.0.1:{client}" for _, client, _ in members)
+    wait_until("etcd's first leader", lambda: http(
+        "GET", f"http://127.0.0.1:{members[0][1]}/health")[0] == 200)
+    return endpoints
+
+
+def serve(procs, work, name, args):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = procs.start([str(TRAINCOORD), "serve", "--listen", f"127.0.0.1:{port}", *args],
+                    f"{work}/{name}.out")
+    # Ready once it serves runs (with etcd: once it leads, after its election).
+    wait_until(f"{name} serving", lambda: http("GET", f"{url}/v1/runs")[0] == 200 or
+               p.poll() is not None)
+    if p.poll() is not None:
+        raise RuntimeError(f"ha_compare: {name} exited:\n" + Path(f"{work}/{name}.out").read_text())
+    return p, url
+
+
+def load(procs, url, server, workers, seconds):
+    out = subprocess.run([str(LOADGEN), "traincoord", "--url", url, "--workers", str(workers),
+                          "--seconds", str(seconds), "--warmup", "2", "--train-batches", "20000",
+                          "--lease-timeout", "60", "--server-pid", str(server.pid), "--json"],
+                         capture_output=True, text=True, timeout=seconds + 120)
+    if out.returncode != 0:
+        raise RuntimeError(f"ha_compare: loadgen failed:\n{out.stdout}\n{out.stderr}")
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    if figures["violations"] or figures["errors"]:
+        raise RuntimeError(f"ha_compare: wrong answers or errors: {figures}")
+    return figures
+
+
+def leader_of(urls):
+    for u in urls:
+        if http("GET", f"{u}/v1/runs/failover", timeout=2)[0] == 200:
+            return u
+    return None
+
+
+def failovers(procs, work, etcd, rounds, lease_ttl):
+    """Seconds from each SIGKILL of the leader to the first job the new leader handed out."""
+    config = Path(work) / "failover.toml"
+    config.write_text(FAILOVER_RUN)
+    journal = f"etcd://{etcd}/failover"
+    coordinators = {}
+    for name in ("a", "b"):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        args = ["--config", str(config), "--journal", journal, "--advertise-url", url,
+                "--lease-ttl", str(lease_ttl)]
+        coordinators[url] = (name, args)
+    procs_of = {}
+    for url, (name, args) in coordinators.items():
+        p = procs.start([str(TRAINCOORD), "serve", "--listen", url[len("http://"):], *args],
+                        f"{work}/{name}.out")
+        procs_of[url] = p
+    wait_until("a leader", lambda: leader_of(list(coordinators)) is not None)
+    leader = leader_of(list(coordinators))
+    status, reply = http("POST", f"{leader}/v1/runs/failover/workers", {"name": "probe"})
+    assert status == 200, (status, reply)
+    worker = reply["worker"]
+    times = []
+    for _ in range(rounds):
+        leader = leader_of(list(coordinators))
+        standby = next(u for u in coordinators if u != leader)
+        wait_until("the standby to follow", lambda: http(
+            "GET", f"{standby}/v1/runs/failover", timeout=2)[0] == 421)
+        procs.stop(procs_of[leader], signal.SIGKILL)
+        killed = time.monotonic()
+        while True:
+            status, reply = http("POST", f"{standby}/v1/runs/failover/acquire",
+                                 {"worker": worker, "wait_ms": 0}, timeout=2)
+            if status == 200 and reply and reply.get("status") == "job":
+                times.append(time.monotonic() - killed)
+                break
+            if time.monotonic() - killed > 60:
+                raise RuntimeError("ha_compare: no new leader within 60 s")
+            time.sleep(0.02)
+        name, args = coordinators[leader]  # back as a standby
+        procs_of[leader] = procs.start(
+            [str(TRAINCOORD), "serve", "--listen", leader[len("http://"):], *args],
+            f"{work}/{name}.out")
+    return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--workers", type=int, default=64)
+    p.add_argument("--failovers", type=int, default=5)
+    p.add_argument("--lease-ttl", type=float, default=3)
+    a = p.parse_args()
+    for tool in (TRAINCOORD, LOADGEN):
+        if not tool.exists():
+            sys.exit(f"ha_compare: {tool} is missing; run scripts/build")
+    if not os.path.exists(ETCD):
+        sys.exit("ha_compare: etcd is missing; run scripts/install-deps")
+    procs = Processes()
+    work = tempfile.mkdtemp(prefix="traincoord-ha-compare-")
+    try:
+        rows = {}
+        server, url = serve(procs, work, "sqlite", ["--data-dir", f"{work}/sqlite"])
+        rows["sqlite"] = load(procs, url, server, a.workers, a.seconds)
+        procs.stop(server)
+        etcd = start_etcd(procs, work)
+        server, url = serve(procs, work, "etcd", ["--journal", f"etcd://{etcd}/bench"])
+        rows["etcd"] = load(procs, url, server, a.workers, a.seconds)
+        procs.stop(server)
+        times = failovers(procs, work, etcd, a.failovers, a.lease_ttl)
+    except BaseException:
+        procs.stop_all()
+        print(f"ha_compare: failed; the logs are in {work}", file=sys.stderr)
+        raise
+    finally:
+        procs.stop_all()
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"journal  {a.workers} workers, {a.seconds:g} s    cycles/s      p50 µs    p99 µs   "
+          "server CPU µs/cycle")
+    for name, f in rows.items():
+        print(f"{name:8} {'':22} {f['cycles_per_s']:10.0f} {f['p50_us']:10.0f} "
+              f"{f['p99_us']:9.0f} {f['server_cpu_us_per_cycle']:10.1f}")
+    ratio = rows["etcd"]["cycles_per_s"] / rows["sqlite"]["cycles_per_s"]
+    print(f"etcd / SQLite throughput: {ratio:.2f}x (target >= 0.5x)")
+    print(f"failover (SIGKILL -> first job from the new leader, --lease-ttl {a.lease_ttl:g}), "
+          f"{len(times)} kills: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s "
+          f"(target < 5 s); each: {', '.join(f'{t:.2f}' for t in times)}")
+
+
+if __name__ == "__main__":
+    main()
