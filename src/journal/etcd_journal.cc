@@ -229,6 +229,8 @@ Result<void> EtcdJournal::load_head() {
   written_seq_ = h.seq;
   written_time_ = h.time;
   next_seq_ = h.seq + 1;
+  published_seq_ = written_seq_;
+  published_revision_ = head_revision_;
   return {};
 }
 
@@ -370,6 +372,9 @@ std::unique_ptr<JournalBatch> EtcdJournal::take(const Engine& engine, bool snaps
       batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(**run)});
       count = 0;
     }
+    uint64_t most = 0;
+    for (const auto& [name, count] : since_snapshot_) most = std::max(most, count);
+    replay_records_ = static_cast<int64_t>(most);
   }
   return batch;
 }
@@ -448,6 +453,8 @@ Result<void> EtcdJournal::fenced_txn(std::vector<etcd::Operation> ops, int64_t s
   }
   written_seq_ = seq;
   written_time_ = time;
+  published_seq_ = seq;
+  published_revision_ = head_revision_;
   return {};
 }
 
