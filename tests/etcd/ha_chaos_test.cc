@@ -240,7 +240,9 @@ TEST_F(Chaos, CoordinatorsAndEtcdMembersKilledAtRandomTheRunCountsEachJobOnce) {
   const size_t told_before = told_count();
   const auto outage = Clock::now();
   int probes = 0;
-  while (seconds_since(outage) < 4.0) {
+  // (past the 5 s a journal write takes to give up on etcd: a coordinator that answered a wave
+  // whose write failed would be seen here)
+  while (seconds_since(outage) < 6.0) {
     for (int i = 0; i < 2; ++i) {
       const Reply r = http(urls_[i], "POST", "/v1/runs/chaos/workers",
                            R"({"name": "probe)" + std::to_string(probes++) + "\"}", 1000);
