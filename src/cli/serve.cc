@@ -201,9 +201,12 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
         }
         election.emplace(*etcd_options, leadership.advertised_url(), args.lease_ttl_s);
-        std::cout << "traincoord: state in " << args.journal << " as "
-                  << leadership.advertised_url() << "; listening on " << scheme << "://" << host
-                  << ":" << *port << std::endl;
+        std::string hosts;  // (the journal's url without its password)
+        for (const auto& e : etcd_options->endpoints) hosts += (hosts.empty() ? "" : ",") + e;
+        std::cout << "traincoord: state in etcd://"
+                  << (etcd_options->user.empty() ? "" : etcd_options->user + "@") << hosts
+                  << etcd_options->prefix << " as " << leadership.advertised_url()
+                  << "; listening on " << scheme << "://" << host << ":" << *port << std::endl;
       }
       std::optional<int64_t> term;
       while (!term && !leadership.stop_requested()) {

@@ -45,9 +45,11 @@ struct EtcdJournalOptions {
   size_t chunk_bytes = 1 << 20;             // of a snapshot, per key (base64 adds a third)
   size_t txn_bytes = 1 << 20;               // a write's txns are split past this (or 100 ops)
   uint64_t compact_every = 1000;            // writes between two compactions of etcd's history
+  std::string user, password;               // etcd's authentication (none: empty user)
 };
 
-// Where an etcd:// journal is: parses "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]".
+// Where an etcd:// journal is: parses "etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX]"
+// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD).
 // Returns an error naming the field ("journal") when it is not that.
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url);
 
