@@ -314,7 +314,34 @@ async function fetchHistory(run) {
   return { epochs: kept.epochs, jobs: kept.jobs };
 }
 
+// High availability (docs/HA.md "Watching it"): who leads, this coordinator's role, the
+// journal's lag, the takeovers; hidden with one coordinator alone.
+function drawCoordinator(c) {
+  $("ha").hidden = !c || c.mode !== "ha";
+  if ($("ha").hidden) return;
+  const leader = c.leader ? `<a href="${text(c.leader.url)}/">${text(c.leader.url)}</a> (term ${c.leader.term})` : "none known (an election is due)";
+  const j = c.journal;
+  const facts = [
+    ["this coordinator", `${text(c.url)}: <span class="state" id="ha-role">${c.role === "leader" ? "leader" : "standby"}</span>`],
+    ["leader", `<span id="ha-leader">${leader}</span>`],
+    ["journal head", j ? `record ${j.head_seq} (etcd revision ${j.head_revision}), seen ${fmt(j.seen_ms_ago / 1000, 1)} s ago; a takeover replays ≤ ${j.replay_records} records` : "–"],
+    ["takeovers", `<span id="ha-takeovers">${c.takeovers}</span>` + (c.last_takeover_ms ? `, last ${new Date(c.last_takeover_ms).toLocaleString()} (serving ${fmt(c.last_takeover_s, 2)} s after winning)` : "") + `; step-downs ${c.stepdowns}`],
+  ];
+  $("ha-facts").innerHTML = facts.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
+}
+
 async function tick() {
+  let coordinator = null;
+  try {
+    coordinator = await json("/v1/coordinator");
+  } catch (e) { /* (an older coordinator has no such endpoint) */ }
+  drawCoordinator(coordinator);
+  if (coordinator && coordinator.mode === "ha" && coordinator.role !== "leader") {
+    // A standby serves no run: its leader does.
+    $("progress-label").textContent = "this coordinator stands by: the runs are served by the leader above";
+    setTimeout(tick, 1000);
+    return;
+  }
   try {
     const runs = (await json("/v1/runs")).runs;
     $("runs").innerHTML = runs.map((r) => `<a href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`).join("");

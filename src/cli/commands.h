@@ -126,6 +126,9 @@ struct StatusArgs {
   bool json = false;
 };
 int status(const StatusArgs& args);
+// One line of `status` for a coordinator at `url` from its GET /v1/coordinator reply (HA: its
+// role, the leader and term, the journal's head and lag, its takeovers).
+std::string coordinator_line(const std::string& url, const std::string& json);
 int runs(const StatusArgs& args);
 // Renders the JSON of GET /v1/runs/RUN for a terminal. With `wall_now_ms` (milliseconds since
 // the Unix epoch: the wall-clock time the reply's `*_ago_ms` count back from), times are shown

@@ -201,13 +201,26 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
         }
         election.emplace(*etcd_options, leadership.advertised_url(), args.lease_ttl_s);
-        std::cout << "traincoord: state in " << args.journal << " as "
-                  << leadership.advertised_url() << "; listening on " << scheme << "://" << host
-                  << ":" << *port << std::endl;
+        std::string hosts;  // (the journal's url without its password)
+        for (const auto& e : etcd_options->endpoints) hosts += (hosts.empty() ? "" : ",") + e;
+        std::cout << "traincoord: state in etcd://"
+                  << (etcd_options->user.empty() ? "" : etcd_options->user + "@") << hosts
+                  << etcd_options->prefix << " as " << leadership.advertised_url()
+                  << "; listening on " << scheme << "://" << host << ":" << *port << std::endl;
       }
       std::optional<int64_t> term;
       while (!term && !leadership.stop_requested()) {
-        auto leader = election->observe();
+        auto seen_now = election->observe();
+        if (seen_now) {
+          leadership.saw_journal(
+              {seen_now->head.seq, seen_now->head.revision, seen_now->head.replay_records});
+        }
+        Result<std::optional<LeaderInfo>> leader = std::optional<LeaderInfo>();
+        if (seen_now) {
+          leader = seen_now->leader;
+        } else {
+          leader = tl::unexpected(seen_now.error());
+        }
         if (!leader) {
           leadership.follow(0, "");
           if (following != "?") std::cerr << "traincoord: " << leader.error().message << "\n";
@@ -272,12 +285,16 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         election->resign();
         return exit_code::kFailed;
       }
-      std::cout
-          << "traincoord: leading " << (*journal)->describe() << " (term " << *term
-          << "): restored " << report->runs << " runs, replayed " << report->records
-          << " log records; serving "
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - takeover).count()
-          << " s after winning" << std::endl;
+      const double serving_after =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - takeover).count();
+      leadership.took_over(serving_after);
+      const auto publish_head = [&, j = journal->get()] {
+        leadership.saw_journal({j->head_seq(), j->head_revision(), j->replay_records()});
+      };
+      publish_head();
+      std::cout << "traincoord: leading " << (*journal)->describe() << " (term " << *term
+                << "): restored " << report->runs << " runs, replayed " << report->records
+                << " log records; serving " << serving_after << " s after winning" << std::endl;
       following.clear();
       // The lease, kept alive a third of its TTL at a time, on a thread of its own; lost (or
       // not renewed within its TTL), the leadership ends.
@@ -288,6 +305,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         while (leading.load()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(args.lease_ttl_s * 1000 / 3 / 5));
           if (!leading.load()) break;
+          publish_head();
           if (std::chrono::steady_clock::now() - renewed < ttl / 3) continue;
           auto kept = election->keep_alive();
           if (kept && *kept) {

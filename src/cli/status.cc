@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <rapidjson/document.h>
 
@@ -226,6 +227,67 @@ void print_run_status(const std::string& status_json, std::ostream& out,
   render_run(d, out, wall_now_ms);
 }
 
+// High availability (docs/HA.md "Watching it"): one line per coordinator of GET /v1/coordinator.
+std::string coordinator_line(const std::string& url, const std::string& json) {
+  rapidjson::Document d;
+  d.Parse<rapidjson::kParseIterativeFlag>(json.c_str());
+  std::string line = "  " + terminal_safe(url) + "  ";
+  if (d.HasParseError() || !d.IsObject()) return line + "answered no JSON object\n";
+  const bool leading = text(at(d, "role")) == "leader";
+  line += leading ? "leader " : text(at(d, "role"));
+  const Value& leader = at(d, "leader");
+  if (leading) {
+    line += " term " + count(at(leader, "term"));
+  } else if (leader.IsObject()) {
+    line += " following " + text(at(leader, "url")) + " (term " + count(at(leader, "term")) + ")";
+  } else {
+    line += " no leader known (an election is due)";
+  }
+  const Value& journal = at(d, "journal");
+  if (journal.IsObject()) {
+    line += "; journal head " + count(at(journal, "head_seq")) + " (etcd revision " +
+            count(at(journal, "head_revision")) + ")";
+    const Value& ago = at(journal, "seen_ms_ago");
+    if (!leading && ago.IsNumber()) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " read %.1f s ago", ago.GetDouble() / 1000.0);
+      line += buf;
+    }
+    line += ", a takeover replays <= " + count(at(journal, "replay_records")) + " records";
+  }
+  line += "; takeovers " + count(at(d, "takeovers"));
+  const Value& last = at(d, "last_takeover_ms");
+  if (last.IsInt64()) {
+    line += " (last " + local_date(last.GetInt64(), 0) + ", serving " +
+            num(at(d, "last_takeover_s"), "%.2f") + " s after winning)";
+  }
+  return line + "\n";
+}
+
+// The coordinators' lines when `urls` name coordinators in HA mode (or several): empty with
+// one coordinator alone.
+static std::string coordinators_text(const std::string& urls) {
+  std::vector<std::string> list;
+  for (size_t from = 0; from <= urls.size();) {
+    size_t comma = urls.find(',', from);
+    if (comma == std::string::npos) comma = urls.size();
+    if (comma > from) list.push_back(urls.substr(from, comma - from));
+    from = comma + 1;
+  }
+  std::string out;
+  bool ha = false;
+  for (const std::string& url : list) {
+    auto body = client::get(url, "/v1/coordinator");
+    if (!body) {
+      out += "  " + terminal_safe(url) + "  " + terminal_safe(body.error().message) + "\n";
+      continue;
+    }
+    ha = ha || body->find("\"mode\":\"ha\"") != std::string::npos;
+    out += coordinator_line(url, *body);
+  }
+  return ha || list.size() > 1 ? "coordinators:\n" + out + "\n" : std::string();
+}
+
 int report_client_error(const client::ClientError& e, const std::string& url) {
   std::cerr << "traincoord: " << terminal_safe(url) << ": " << terminal_safe(e.message) << "\n";
   return e.code == client::codes::kRunNotFound ? exit_code::kRunNotFound : exit_code::kFailed;
@@ -286,6 +348,7 @@ int status(const StatusArgs& args) {
     rapidjson::Document d;
     d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
     std::ostringstream out;
+    out << coordinators_text(args.url);
     print_run_status(*body, out);
     if (args.watch) std::cout << "\x1b[H\x1b[2J";  // home, clear screen
     std::cout << out.str() << std::flush;

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 namespace traincoord::etcd {
 
@@ -214,9 +216,11 @@ class Client::Impl {
                                         : reply.substr(0, 200);
         last.message = "etcd at " + endpoint + " refused " + path + ": " + message + " (code " +
                        std::to_string(code) + ")";
-        // Unavailable (no leader, stopping) or a deadline: another member may answer.
+        // Unavailable (no leader, stopping) or a deadline: another member may answer. An auth
+        // token that expired (or another member's): a new connection gets a new one.
         if (code == 14 || code == 4 || message.find("no leader") != std::string::npos ||
-            message.find("timed out") != std::string::npos) {
+            message.find("timed out") != std::string::npos ||
+            message.find("invalid auth token") != std::string::npos) {
           disconnect();
           continue;
         }
@@ -230,6 +234,11 @@ class Client::Impl {
   }
 
   int64_t last_code() const { return last_code_; }
+  void authenticate_as(std::string user, std::string password) {
+    user_ = std::move(user);
+    password_ = std::move(password);
+    disconnect();
+  }
   const std::string& current_endpoint() const { return options_.endpoints[current_]; }
 
  private:
@@ -249,10 +258,43 @@ class Client::Impl {
       run();
       if (ec) return "cannot connect: " + ec.message();
       stream_->socket().set_option(tcp::no_delay(true), ec);
+      token_.clear();
+      if (!user_.empty()) {
+        // A token per connection: etcd's simple tokens are only good on the member that gave
+        // them.
+        rapidjson::StringBuffer out;
+        rapidjson::Writer<rapidjson::StringBuffer> w(out);
+        w.StartObject();
+        w.Key("name");
+        w.String(user_.c_str(), static_cast<rapidjson::SizeType>(user_.size()));
+        w.Key("password");
+        w.String(password_.c_str(), static_cast<rapidjson::SizeType>(password_.size()));
+        w.EndObject();
+        std::string answer;
+        int answered = 0;
+        if (auto why = send_receive(endpoint, "/v3/auth/authenticate", out.GetString(), &answer,
+                                    &answered))
+          return why;
+        rapidjson::Document doc;
+        doc.Parse(answer.data(), answer.size());
+        if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("token") ||
+            !doc["token"].IsString())
+          return "authentication as " + user_ + " failed (HTTP " + std::to_string(answered) +
+                 "): " + answer.substr(0, 200);
+        token_ = doc["token"].GetString();
+      }
     }
+    return send_receive(endpoint, path, body, reply, status);
+  }
+
+  std::optional<std::string> send_receive(const std::string& endpoint, const std::string& path,
+                                          const std::string& body, std::string* reply,
+                                          int* status) {
+    beast::error_code ec;
     http::request<http::string_body> req{http::verb::post, path, 11};
     req.set(http::field::host, endpoint);
     req.set(http::field::content_type, "application/json");
+    if (!token_.empty()) req.set(http::field::authorization, token_);
     req.body() = body;
     req.prepare_payload();
     stream_->expires_after(options_.timeout);
@@ -291,12 +333,17 @@ class Client::Impl {
   asio::io_context io_;
   std::optional<beast::tcp_stream> stream_;
   beast::flat_buffer buffer_;
+  std::string user_, password_;  // etcd auth (none: empty user)
+  std::string token_;            // of the current connection (etcd auth), if any
   size_t current_ = 0;
   int64_t last_code_ = 0;
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 Client::~Client() = default;
+void Client::authenticate_as(std::string user, std::string password) {
+  impl_->authenticate_as(std::move(user), std::move(password));
+}
 
 const std::string& Client::current_endpoint() const { return impl_->current_endpoint(); }
 

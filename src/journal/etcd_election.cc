@@ -1,12 +1,15 @@
 #include "journal/etcd_election.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 
 namespace traincoord {
 
 EtcdElection::EtcdElection(const EtcdJournalOptions& options, std::string advertised_url,
                            int64_t ttl_s)
-    : leader_key_(options.prefix + "/leader"),
+    : prefix_(options.prefix),
+      leader_key_(options.prefix + "/leader"),
       url_(std::move(advertised_url)),
       ttl_s_(ttl_s),
       client_(std::make_unique<etcd::Client>(
@@ -14,15 +17,43 @@ EtcdElection::EtcdElection(const EtcdJournalOptions& options, std::string advert
           // not hold the leader past it.
           etcd::ClientOptions{options.endpoints,
                               std::min(options.timeout, std::chrono::milliseconds(500)),
-                              std::chrono::milliseconds(ttl_s * 1000 / 3)})) {}
+                              std::chrono::milliseconds(ttl_s * 1000 / 3)})) {
+  if (!options.user.empty()) client_->authenticate_as(options.user, options.password);
+}
 
 EtcdElection::~EtcdElection() = default;
 
-Result<std::optional<LeaderInfo>> EtcdElection::observe() {
-  auto r = client_->range(leader_key_);
+Result<Observation> EtcdElection::observe() {
+  using Op = etcd::Operation;
+  const std::string snaps = prefix_ + "/snap/", configs = prefix_ + "/config/";
+  // (the configs: only their count, to know whether a run has no snapshot yet)
+  auto r = client_->txn({}, {{Op::Kind::kRange, leader_key_, {}, {}, 0, 0},
+                             {Op::Kind::kRange, prefix_ + "/head", {}, {}, 0, 0},
+                             {Op::Kind::kRange, snaps, {}, etcd::prefix_end(snaps), 0, 0},
+                             {Op::Kind::kRange, configs, {}, etcd::prefix_end(configs), 0, 1}});
   if (!r) return tl::unexpected(r.error());
-  if (r->kvs.empty()) return std::optional<LeaderInfo>();
-  return std::optional<LeaderInfo>(LeaderInfo{r->kvs[0].value, r->kvs[0].create_revision});
+  if (r->ranges.size() != 4)
+    return failed_precondition("etcd answered a txn of 4 reads with " +
+                               std::to_string(r->ranges.size()));
+  Observation o;
+  if (!r->ranges[0].kvs.empty()) {
+    o.leader = LeaderInfo{r->ranges[0].kvs[0].value, r->ranges[0].kvs[0].create_revision};
+  }
+  if (!r->ranges[1].kvs.empty()) {
+    int64_t term = 0;  // (the head is "TERM SEQ TIME", etcd_journal.h)
+    std::sscanf(r->ranges[1].kvs[0].value.c_str(), "%" SCNd64 " %" SCNd64, &term, &o.head.seq);
+    o.head.revision = r->ranges[1].kvs[0].mod_revision;
+  }
+  // (a snapshot is "SEQ TIME GEN CHUNKS BYTES")
+  int64_t oldest =
+      r->ranges[3].count > static_cast<int64_t>(r->ranges[2].kvs.size()) ? 0 : o.head.seq;
+  for (const etcd::KeyValue& kv : r->ranges[2].kvs) {
+    int64_t seq = 0;
+    std::sscanf(kv.value.c_str(), "%" SCNd64, &seq);
+    oldest = std::min(oldest, seq);
+  }
+  o.head.replay_records = std::max<int64_t>(0, o.head.seq - oldest);
+  return o;
 }
 
 Result<std::optional<int64_t>> EtcdElection::campaign() {

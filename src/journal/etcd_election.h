@@ -24,13 +24,27 @@ struct LeaderInfo {
   int64_t term = 0;
 };
 
+// Where the journal in etcd stands, as a standby reads it (docs/HA.md "Watching it").
+struct JournalHead {
+  int64_t seq = 0;       // the last record number written (PREFIX/head; 0: none yet)
+  int64_t revision = 0;  // the etcd revision of that write (0: none yet)
+  // Records a takeover would replay at most: the head's seq less the oldest run snapshot's
+  // (0 for a run that has none yet).
+  int64_t replay_records = 0;
+};
+
+struct Observation {
+  std::optional<LeaderInfo> leader;  // nothing: no one leads; an election is due
+  JournalHead head;
+};
+
 class EtcdElection {
  public:
   EtcdElection(const EtcdJournalOptions& options, std::string advertised_url, int64_t ttl_s);
   ~EtcdElection();
 
-  // Who leads now (nothing: no one; an election is due).
-  Result<std::optional<LeaderInfo>> observe();
+  // Who leads now, and where the journal's head is: one etcd txn (four small reads).
+  Result<Observation> observe();
   // Tries once to lead: grants a lease (kept for the next try when this one loses) and creates
   // PREFIX/leader under it unless the key exists. Returns the term when won; nothing when
   // another coordinator leads.
@@ -45,7 +59,7 @@ class EtcdElection {
   const std::string& advertised_url() const { return url_; }
 
  private:
-  std::string leader_key_;
+  std::string prefix_, leader_key_;
   std::string url_;
   int64_t ttl_s_;
   std::unique_ptr<etcd::Client> client_;

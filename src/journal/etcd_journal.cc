@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/run_codec.h"
 
@@ -157,13 +158,34 @@ class EtcdJournal::Batch final : public JournalBatch {
 
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url) {
   constexpr std::string_view kScheme = "etcd://";
+  std::string shown(url);  // (its password hidden)
+  if (const auto at = shown.find('@'); at != std::string::npos) {
+    const auto colon = shown.find(':', kScheme.size());
+    if (colon != std::string::npos && colon < at) shown.replace(colon + 1, at - colon - 1, "***");
+  }
   auto bad = [&](const std::string& why) {
-    return invalid_argument("journal", "--journal " + std::string(url) + ": " + why +
-                                           " (expected etcd://HOST:PORT[,HOST:PORT...][/PREFIX])");
+    return invalid_argument(
+        "journal", "--journal " + shown + ": " + why +
+                       " (expected etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX])");
   };
   if (url.substr(0, kScheme.size()) != kScheme) return bad("not an etcd:// URL");
   std::string_view rest = url.substr(kScheme.size());
   EtcdJournalOptions options;
+  if (const auto at = rest.substr(0, rest.find('/')).rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = rest.substr(0, at);
+    const auto colon = userinfo.find(':');
+    options.user = std::string(userinfo.substr(0, colon));
+    if (options.user.empty()) return bad("the user before '@' is empty");
+    if (colon != std::string_view::npos) {
+      options.password = std::string(userinfo.substr(colon + 1));
+    } else if (const char* p = std::getenv("TRAINCOORD_ETCD_PASSWORD")) {
+      options.password = p;
+    } else {
+      return bad("user " + options.user +
+                 " has no password: give it as USER:PASSWORD@ or in $TRAINCOORD_ETCD_PASSWORD");
+    }
+    rest = rest.substr(at + 1);
+  }
   const auto slash = rest.find('/');
   if (slash != std::string_view::npos) {
     std::string prefix(rest.substr(slash));
@@ -194,7 +216,9 @@ EtcdJournal::EtcdJournal(EtcdJournalOptions options, int64_t term, int64_t lease
       term_(term),
       lease_(lease),
       client_(std::make_unique<etcd::Client>(
-          etcd::ClientOptions{options_.endpoints, options_.timeout})) {}
+          etcd::ClientOptions{options_.endpoints, options_.timeout})) {
+  if (!options_.user.empty()) client_->authenticate_as(options_.user, options_.password);
+}
 
 EtcdJournal::~EtcdJournal() = default;
 
@@ -208,7 +232,7 @@ Result<std::unique_ptr<EtcdJournal>> EtcdJournal::open(EtcdJournalOptions option
 std::string EtcdJournal::describe() const {
   std::string hosts;
   for (const auto& e : options_.endpoints) hosts += (hosts.empty() ? "" : ",") + e;
-  return "etcd://" + hosts + options_.prefix;
+  return "etcd://" + (options_.user.empty() ? "" : options_.user + "@") + hosts + options_.prefix;
 }
 
 std::string EtcdJournal::key(std::string_view kind, std::string_view run) const {
@@ -229,6 +253,8 @@ Result<void> EtcdJournal::load_head() {
   written_seq_ = h.seq;
   written_time_ = h.time;
   next_seq_ = h.seq + 1;
+  published_seq_ = written_seq_;
+  published_revision_ = head_revision_;
   return {};
 }
 
@@ -370,6 +396,9 @@ std::unique_ptr<JournalBatch> EtcdJournal::take(const Engine& engine, bool snaps
       batch->snapshots.push_back({name, last_seq_[name], now, RunCodec::save(**run)});
       count = 0;
     }
+    uint64_t most = 0;
+    for (const auto& [name, count] : since_snapshot_) most = std::max(most, count);
+    replay_records_ = static_cast<int64_t>(most);
   }
   return batch;
 }
@@ -448,6 +477,8 @@ Result<void> EtcdJournal::fenced_txn(std::vector<etcd::Operation> ops, int64_t s
   }
   written_seq_ = seq;
   written_time_ = time;
+  published_seq_ = seq;
+  published_revision_ = head_revision_;
   return {};
 }
 

@@ -45,9 +45,11 @@ struct EtcdJournalOptions {
   size_t chunk_bytes = 1 << 20;             // of a snapshot, per key (base64 adds a third)
   size_t txn_bytes = 1 << 20;               // a write's txns are split past this (or 100 ops)
   uint64_t compact_every = 1000;            // writes between two compactions of etcd's history
+  std::string user, password;               // etcd's authentication (none: empty user)
 };
 
-// Where an etcd:// journal is: parses "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]".
+// Where an etcd:// journal is: parses "etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX]"
+// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD).
 // Returns an error naming the field ("journal") when it is not that.
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url);
 
@@ -82,6 +84,12 @@ class EtcdJournal final : public Journal {
   uint64_t writes() const { return writes_.load(); }
   uint64_t txns() const { return txns_.load(); }
   uint64_t compactions() const { return compactions_.load(); }
+  // Where the journal's head is as this journal last wrote it (or read it at open), and the
+  // records a successor would replay at most (a run's records since its last snapshot, the
+  // most of any run). Any thread.
+  int64_t head_seq() const { return published_seq_.load(); }
+  int64_t head_revision() const { return published_revision_.load(); }
+  int64_t replay_records() const { return replay_records_.load(); }
 
  private:
   class Batch;
@@ -103,6 +111,7 @@ class EtcdJournal final : public Journal {
   int64_t next_gen_ = 0;
   uint64_t since_compaction_ = 0;
   std::atomic<uint64_t> writes_{0}, txns_{0}, compactions_{0}, refused_{0};
+  std::atomic<int64_t> published_seq_{0}, published_revision_{0}, replay_records_{0};
   // Added, not yet taken (the coordinator's thread).
   std::unique_ptr<Batch> pending_;
   int64_t next_seq_ = 1;

@@ -1027,6 +1027,8 @@ namespace {
 constexpr Endpoint kEndpoints[] = {
     {"healthz", "GET", "/healthz", Access::kAnyone, &Api::Request::healthz},
     {"metrics", "GET", "/metrics", Access::kAdmin, nullptr},
+    // High availability (docs/HA.md): who leads, this coordinator's role, the journal's lag.
+    {"coordinator", "GET", "/v1/coordinator", Access::kAdmin, nullptr},
     {"runs", "GET", "/v1/runs", Access::kAdmin, &Api::Request::list_runs},
     {"create_run", "POST", "/v1/runs", Access::kAdmin, &Api::Request::create_run},
     {"status", "GET", "/v1/runs/{run}", Access::kRun, &Api::Request::status},

@@ -108,7 +108,8 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
       outbox_.push_back({std::move(call.to), not_leader_reply(leader), endpoint});
       continue;
     }
-    if (request.method == "GET" && (endpoint == "metrics" || endpoint == "dashboard")) {
+    if (request.method == "GET" &&
+        (endpoint == "metrics" || endpoint == "dashboard" || endpoint == "coordinator")) {
       outbox_.push_back({std::move(call.to), serve_get(request), endpoint});
       continue;
     }
@@ -220,7 +221,18 @@ HttpReply Coordinator::serve_get(const HttpRequest& request) {
     std::string text = api_.metrics_text();
     if (transport_metrics_) transport_metrics_(text);
     if (journal_) journal_->append_metrics(text);
+    if (options_.leadership) options_.leadership->append_metrics(text);
     return HttpReply{200, std::move(text), {}, "text/plain; version=0.0.4; charset=utf-8"};
+  }
+  if (path == "/v1/coordinator") {
+    // (answered by every coordinator, leader or standby: docs/HA.md "Watching it")
+    return HttpReply{200,
+                     options_.leadership
+                         ? options_.leadership->to_json()
+                         : R"({"mode":"single","url":null,"role":"leader","leader":null,)"
+                           R"("journal":null,"takeovers":0,"stepdowns":0,)"
+                           R"("last_takeover_ms":null,"last_takeover_s":null})",
+                     {}};
   }
   if (const WebAsset* asset = find_web_asset(path)) {
     return HttpReply{

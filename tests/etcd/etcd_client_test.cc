@@ -5,7 +5,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
+#include <thread>
+
+#include "e2e/server_process.h"
 #include "etcd/etcd_cluster.h"
+#include "etcd/ha_http.h"
+#include "journal/etcd_journal.h"
 
 namespace traincoord {
 namespace {
@@ -135,6 +141,95 @@ TEST(EtcdClient, SaysWhichMembersItTriedWhenNoneAnswers) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message.find("127.0.0.1:"), std::string::npos) << r.error().message;
   EXPECT_NE(r.error().message.find("connect"), std::string::npos) << r.error().message;
+}
+
+}  // namespace
+}  // namespace traincoord
+
+namespace traincoord {
+namespace {
+
+// etcd's authentication (user and password): a client with the right ones gets a token per
+// connection and is served; without a user, or with a wrong password, it is refused, saying so.
+// The coordinator takes the user in its --journal url and serves the run through it.
+TEST(EtcdAuth, AUserWithItsPasswordIsServedOthersAreRefused) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v3/auth/user/add", R"({"name": "root", "password": "s3cret"})"},
+           {"/v3/auth/role/add", R"({"name": "root"})"},
+           {"/v3/auth/user/grant", R"({"user": "root", "role": "root"})"},
+           {"/v3/auth/enable", "{}"}}) {
+    const std::string reply = cluster.post(0, path, body);
+    ASSERT_EQ(reply.find("\"error\""), std::string::npos) << path << ": " << reply;
+  }
+  etcd::ClientOptions options{
+      {cluster.endpoint(0)}, std::chrono::milliseconds(1000), std::chrono::milliseconds(1500)};
+  {
+    etcd::Client anonymous(options);
+    auto put = anonymous.put("/auth/k", "v");
+    ASSERT_FALSE(put);
+    EXPECT_NE(put.error().message.find("user name is empty"), std::string::npos)
+        << put.error().message;
+  }
+  {
+    etcd::Client client(options);
+    client.authenticate_as("root", "guess");
+    auto put = client.put("/auth/k", "v");
+    ASSERT_FALSE(put);
+    EXPECT_NE(put.error().message.find("authentication as root failed"), std::string::npos)
+        << put.error().message;
+  }
+  etcd::Client client(options);
+  client.authenticate_as("root", "s3cret");
+  ASSERT_TRUE(client.put("/auth/k", "v")) << client.put("/auth/k", "v").error().message;
+  auto got = client.range("/auth/k");
+  ASSERT_TRUE(got) << got.error().message;
+  ASSERT_EQ(got->kvs.size(), 1u);
+  EXPECT_EQ(got->kvs[0].value, "v");
+  auto lease = client.lease_grant(5);
+  ASSERT_TRUE(lease) << lease.error().message;
+  EXPECT_TRUE(client.lease_revoke(lease->id));
+
+  // A coordinator given the user in its url leads and serves the run; it never says the password.
+  testing::TempDir dir;
+  const std::string config = dir.write("auth.toml", R"(name = "auth"
+[data]
+train_batches = 4
+[schedule]
+epochs = 1
+)");
+  auto server = testing::ServerProcess::start(
+      {"--config", config, "--journal", "etcd://root:s3cret@" + cluster.endpoint(0) + "/auth"});
+  ASSERT_TRUE(server);
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    served = testing::http(server->url(), "GET", "/v1/runs/auth").status == 200;
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(served) << server->read_output();
+  EXPECT_EQ(server->read_output().find("s3cret"), std::string::npos) << server->read_output();
+  EXPECT_NE(server->read_output().find("etcd://root@"), std::string::npos) << server->read_output();
+}
+
+TEST(EtcdAuth, TheJournalUrlTakesAUserAndItsPasswordAndHidesIt) {
+  auto o = parse_etcd_url("etcd://root:pw@a:1,b:2/p");
+  ASSERT_TRUE(o) << o.error().message;
+  EXPECT_EQ(o->user, "root");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_EQ(o->endpoints, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(o->prefix, "/p");
+  auto bad = parse_etcd_url("etcd://root:pw@a/p");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message.find("pw@"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("root:***@"), std::string::npos) << bad.error().message;
+  unsetenv("TRAINCOORD_ETCD_PASSWORD");
+  EXPECT_FALSE(parse_etcd_url("etcd://root@a:1"));
+  setenv("TRAINCOORD_ETCD_PASSWORD", "from-env", 1);
+  auto env = parse_etcd_url("etcd://root@a:1");
+  unsetenv("TRAINCOORD_ETCD_PASSWORD");
+  ASSERT_TRUE(env) << env.error().message;
+  EXPECT_EQ(env->password, "from-env");
 }
 
 }  // namespace

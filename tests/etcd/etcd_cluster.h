@@ -85,6 +85,17 @@ class EtcdCluster {
     return wait_healthy(i);
   }
 
+  // Starts killed members again together (one alone cannot be healthy while a majority is
+  // gone); returns whether each answers /health.
+  bool restart(const std::vector<size_t>& members) {
+    for (size_t i : members) {
+      if (members_[i].pid <= 0) launch(i);
+    }
+    bool healthy = true;
+    for (size_t i : members) healthy = wait_healthy(i) && healthy;
+    return healthy;
+  }
+
   // A plain HTTP exchange with member `i` (its JSON gateway): the reply's body, or "" on failure.
   std::string post(size_t i, const std::string& path, const std::string& json) const {
     return exchange(members_[i].client_port,

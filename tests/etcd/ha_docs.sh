@@ -26,5 +26,7 @@ out="$(PATH="$work/bin:$PATH" timeout 90 bash -euo pipefail snippet.sh 2>&1)" ||
   echo "the snippet of docs/HA.md failed:"; echo "$out"; tail -5 ha-demo/*.log; exit 1; }
 echo "$out"
 grep -q '"code":"not_leader"' <<< "$out" || { echo "the standby did not answer not_leader"; exit 1; }
+grep -q '"role":"standby"' <<< "$out" || { echo "GET /v1/coordinator on b did not say standby"; exit 1; }
+grep -q 'coordinators:' <<< "$out" || { echo "status printed no coordinators"; exit 1; }
 grep -q 'leading etcd://' ha-demo/b.log || { echo "b did not take over"; exit 1; }
 echo "docs/HA.md snippet ran as printed"
