@@ -508,7 +508,7 @@ int launch(const LaunchArgs& given) {
   if (!command) return fail(command.error());
   if (command->size() != args.command.size()) {
     std::cerr << "traincoord launch: " << args.command.front() << " runs with " << (*command)[0]
-              << " (python3 from PATH, as torchrun runs a script with its Python; --no-python "
+              << " -u (python3 from PATH, as torchrun runs a script with its Python; --no-python "
                  "runs the command as it is)\n";
   }
   uint32_t min_nodes = 1, max_nodes = 1;
@@ -582,6 +582,9 @@ int launch(const LaunchArgs& given) {
                 << "; --in-memory keeps none)\n";
     } else {
       clock.go_live(0);
+      std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
+                   "a checkpoint of an earlier launch cannot be restored here (its cut is not "
+                   "kept)\n";
     }
     if (auto existing = engine.find(run_name)) {
       // A data dir that holds the run already: the same config resumes it, a changed one is
