@@ -491,6 +491,28 @@ std::string waiting_line(const std::string& url, const std::string& run, const s
          (max > min ? ":" + std::to_string(max) : "") + " (" + names_of(d["nodes"], true) + ")";
 }
 
+// The state of `launch --config` in `dir` (./RUN.traincoord by default, as `serve` with one
+// run), restored into `engine`: a launch of the same config after a crash or a Ctrl-C resumes
+// the run, and its checkpoints' cuts. Fails with a message naming the data dir.
+tl::expected<std::unique_ptr<Store>, std::string> open_state(const std::string& dir, Engine& engine,
+                                                             ServerClock& clock) {
+  StoreOptions so;
+  so.dir = dir;
+  auto opened = Store::open(so);
+  if (!opened) return tl::unexpected(opened.error().message);
+  std::unique_ptr<Store> store = std::move(*opened);
+  for (const std::string& notice : store->take_notices()) {
+    std::cerr << "traincoord: " << notice << "\n";
+  }
+  Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
+  auto report = restore_engine(*store, engine, replay, clock);
+  if (!report) return tl::unexpected(store->path() + ": " + report.error().message);
+  std::cerr << "traincoord launch: state in " << dir
+            << (report->runs > 0 ? " (the run resumes from it" : " (launch again to resume")
+            << "; --in-memory keeps none)\n";
+  return store;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "node";
@@ -564,22 +586,10 @@ int launch(const LaunchArgs& given) {
       return fail("--in-memory and --data-dir exclude each other");
     }
     if (!args.in_memory) {
-      // As `serve` with one run: the state in ./RUN.traincoord, so that a launch of the same
-      // config after a crash or a Ctrl-C resumes the run, and its checkpoints' cuts.
-      StoreOptions so;
-      so.dir = data_dir = !args.data_dir.empty() ? args.data_dir : run_name + ".traincoord";
-      auto opened = Store::open(so);
-      if (!opened) return fail(opened.error().message);
+      data_dir = !args.data_dir.empty() ? args.data_dir : run_name + ".traincoord";
+      auto opened = open_state(data_dir, engine, clock);
+      if (!opened) return fail(opened.error());
       store = std::move(*opened);
-      for (const std::string& notice : store->take_notices()) {
-        std::cerr << "traincoord: " << notice << "\n";
-      }
-      Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
-      auto report = restore_engine(*store, engine, replay, clock);
-      if (!report) return fail(store->path() + ": " + report.error().message);
-      std::cerr << "traincoord launch: state in " << so.dir
-                << (report->runs > 0 ? " (the run resumes from it" : " (launch again to resume")
-                << "; --in-memory keeps none)\n";
     } else {
       clock.go_live(0);
       std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
