@@ -439,20 +439,19 @@ std::string number_text(double seconds) {
 
 // How long an agent tries to reach a coordinator that never answered it: a wrong --url fails
 // fast, as the Python client's first contact does.
-constexpr std::chrono::seconds kFirstContact{10};
+constexpr std::chrono::milliseconds kFirstContact{9'500};  // (10 s in all)
 
 // Why the agent gives up on a coordinator that never answered it, or nothing while it may still
-// answer: no answer within kFirstContact (or --rdzv-timeout, when shorter), or an answer that
-// is not a traincoord coordinator's.
+// answer: no answer by the first contact's deadline (kFirstContact, or --rdzv-timeout when
+// shorter: `out_of_time`), or an answer that is not a traincoord coordinator's.
 std::optional<std::string> first_contact_failure(const client::ClientError& e,
-                                                 const std::string& url, long tried_s,
-                                                 long rdzv_timeout_s) {
+                                                 const std::string& url, bool out_of_time,
+                                                 long tried_s) {
   if (e.code == client::codes::kBadReply || e.code.starts_with("http_")) {
     return "the server at " + url + " does not answer as a traincoord coordinator (" + e.message +
            "); check --url";
   }
-  const long limit = std::min<long>(kFirstContact.count(), rdzv_timeout_s);
-  if (e.code != client::codes::kUnreachable || tried_s < limit) return std::nullopt;
+  if (e.code != client::codes::kUnreachable || !out_of_time) return std::nullopt;
   return "cannot reach a coordinator at " + url + " (tried for " + std::to_string(tried_s) +
          " s: " + e.message +
          "); check --url, and that a coordinator serves it there (traincoord serve --config "
@@ -662,11 +661,22 @@ int launch(const LaunchArgs& given) {
   const std::string rdzv = "/v1/runs/" + run_name + "/nodes/";
   const std::string secret = draw_secret();
   const SteadyTime started = std::chrono::steady_clock::now();
+  const SteadyTime first_contact_by =
+      started +
+      std::min<std::chrono::milliseconds>(kFirstContact, std::chrono::seconds(args.rdzv_timeout_s));
   bool reached = false;  // whether a coordinator answered this agent once
+  // The time left for the first contact (before a first answer: a wrong --url is said by then).
+  auto first_contact_left = [&] {
+    return std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          first_contact_by - std::chrono::steady_clock::now()));
+  };
   auto request = [&](const std::string& action, const std::string& body) {
-    // (before a first answer, short: a wrong --url is said within kFirstContact)
-    auto reply =
-        client::post(url, rdzv + action, body, std::chrono::seconds(reached ? 10 : 3), token);
+    const auto timeout = reached ? std::chrono::milliseconds(10'000)
+                                 : std::clamp<std::chrono::milliseconds>(
+                                       first_contact_left(), std::chrono::milliseconds(100),
+                                       std::chrono::milliseconds(3'000));
+    auto reply = client::post(url, rdzv + action, body, timeout, token);
     if (reply || (reply.error().http_status != 0 && !reply.error().code.starts_with("http_"))) {
       reached = true;
     }
@@ -888,7 +898,9 @@ int launch(const LaunchArgs& given) {
           " s)\n");
     }
     backoff_ms = backoff_ms == 0 ? 100 : std::min<long>(backoff_ms * 2, 2000);
-    wait_a_little(backoff_ms);
+    wait_a_little(
+        reached ? backoff_ms
+                : std::min<long>(backoff_ms, static_cast<long>(first_contact_left().count())));
     return false;
   };
 
@@ -921,8 +933,9 @@ int launch(const LaunchArgs& given) {
     if (!standing) {
       const client::ClientError& e = standing.error();
       if (!reached) {
-        const long tried = seconds_between(started, std::chrono::steady_clock::now());
-        if (auto why = first_contact_failure(e, url, tried, args.rdzv_timeout_s)) {
+        const auto now = std::chrono::steady_clock::now();
+        if (auto why = first_contact_failure(e, url, now >= first_contact_by,
+                                             seconds_between(started, now))) {
           gave_up = true;
           gave_up_why = *why;
           break;
