@@ -66,7 +66,8 @@ std::string usage_error(const CLI::App& app, int argc, char** argv, const CLI::P
 // torchrun's flags on `launch` (docs/LAUNCH.md, "torchrun's flags and ours"): launch() maps
 // them onto ours, or refuses them naming the flag to use.
 void add_torchrun_flags(CLI::App* lch, LaunchArgs::Torchrun& t) {
-  const std::string group = "torchrun's flags (mapped onto the ones above, or refused with a hint)";
+  const std::string group =
+      "torchrun's flags, mapped onto the ones above (its others are refused, naming ours)";
   lch->add_flag("--standalone", t.standalone, "as --config: a coordinator in this process")
       ->group(group);
   lch->add_option("--rdzv-endpoint", t.rdzv_endpoint, "HOST:PORT: as --url http://HOST:PORT")
@@ -83,14 +84,17 @@ void add_torchrun_flags(CLI::App* lch, LaunchArgs::Torchrun& t) {
   lch->add_flag("--no-python", t.no_python, "run the command as it is, even a *.py")->group(group);
   lch->add_flag("-m,--module", t.module, "the command is a Python module: python3 -u -m CMD")
       ->group(group);
-  for (const char* name : {"--node-rank", "--master-addr", "--master-port", "--monitor-interval",
-                           "--tee", "--log-dir", "--redirects", "--role", "--start-method",
-                           "--run-path", "--local-ranks-filter", "--logs-specs"}) {
+  // Refused, naming the flag to use (hidden from --help; docs/LAUNCH.md lists them).
+  for (const char* name :
+       {"--node-rank", "--master-addr", "--master-port", "--monitor-interval", "--tee", "--log-dir",
+        "--redirects", "--role", "--start-method", "--local-ranks-filter", "--logs-specs"}) {
     lch->add_option_function<std::string>(
-           name, [&t, name](const std::string&) { t.refused.emplace_back(name); },
-           "refused, with the flag to use")
-        ->group(group);
+           name, [&t, name](const std::string&) { t.refused.emplace_back(name); }, "")
+        ->group("");
   }
+  lch->add_flag_function(
+         "--run-path", [&t](int64_t) { t.refused.emplace_back("--run-path"); }, "")
+      ->group("");
 }
 
 // A `launch` command line as torchrun takes it: the dash spelling of each flag for torchrun's
