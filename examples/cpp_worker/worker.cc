@@ -42,7 +42,10 @@ int main(int argc, char** argv) {
                  "per job)");
   CLI11_PARSE(app, argc, argv);
   if (options.run.empty()) {
-    std::cerr << "example_worker: give --run or set TRAINCOORD_RUN\n";
+    std::cerr << "example_worker: no run to work on: start it with `traincoord launch --config "
+                 "RUN.toml -- example_worker` (it sets TRAINCOORD_URL and TRAINCOORD_RUN), or "
+                 "give --url http://HOST:8470 --run RUN, or set TRAINCOORD_URL and "
+                 "TRAINCOORD_RUN\n";
     return 2;
   }
   options.give_up_after = std::chrono::milliseconds(static_cast<int64_t>(give_up_s * 1000));

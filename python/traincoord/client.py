@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -644,7 +645,13 @@ class Run:
         try:
             url, run = os.environ["TRAINCOORD_URL"], os.environ["TRAINCOORD_RUN"]
         except KeyError as missing:
-            raise CoordinatorError(f"environment variable {missing.args[0]} is not set") from None
+            script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+            raise CoordinatorError(
+                f"environment variable {missing.args[0]} is not set: start this script with "
+                f"`traincoord launch --config RUN.toml -- python3 {script}` (it sets "
+                "TRAINCOORD_URL, TRAINCOORD_RUN and the rank's variables), or point it at a "
+                "running coordinator: TRAINCOORD_URL=http://HOST:8470 TRAINCOORD_RUN=RUN "
+                f"python3 {script}") from None
         if os.environ.get("TRAINCOORD_GROUP") and "group" not in kwargs:
             kwargs["group"] = os.environ["TRAINCOORD_GROUP"]
         return cls(url, run, os.environ.get("TRAINCOORD_WORKER"), **kwargs)

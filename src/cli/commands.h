@@ -149,12 +149,23 @@ struct LaunchArgs {
   int rdzv_timeout_s = 120;             // the coordinator unreachable this long: give up
   int max_restarts = 0;                 // restarts of the whole group of workers
   double grace_s = 10;                  // SIGTERM to SIGKILL when the group is stopped
-  std::string data_dir;                 // empty: in memory
+  double join_timeout_s = 600;          // not in a running round this long: give up (torchrun's)
+  std::string data_dir;                 // empty: RUN.traincoord (as serve), unless in_memory
+  bool in_memory = false;               // with --config: keep no state on disk
   bool auth = false;                    // tokens (kept in the data dir, or ./traincoord-tokens)
   bool apply_config_changes = false;
   std::string listen = "127.0.0.1:8470";  // taken when free, else a free loopback port
   bool prefix_output = true;              // "[rankN]: " before each line of a worker's output
   std::vector<std::string> command;
+  // torchrun's flags (docs/LAUNCH.md, "torchrun's flags and ours"): mapped onto ours by
+  // launch(), or refused with the flag to use.
+  struct Torchrun {
+    bool standalone = false;
+    std::string rdzv_endpoint, rdzv_backend, rdzv_id, rdzv_conf, local_addr;
+    bool no_python = false;            // run the command as it is, even a *.py
+    bool module = false;               // -m: the command is a Python module
+    std::vector<std::string> refused;  // the flags given that launch has no use for
+  } torchrun;
 };
 // Exit status (exit_code): kOk when the run completed or stopped early and every worker exited
 // 0; kFailed when a worker failed (after its restarts); kUsage for bad arguments;

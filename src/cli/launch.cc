@@ -157,7 +157,12 @@ std::string progress_line(const std::string& status_json) {
     out << d["state"].GetString();
   }
   out << "  run " << p["jobs_done"].GetUint64() << "/" << p["jobs_planned"].GetUint64() << " jobs";
-  if (p["eta_s"].IsNumber()) out << ", ETA " << static_cast<long>(p["eta_s"].GetDouble()) << " s";
+  // An ETA once a tenth of the run is done: before, it extrapolates the first jobs (and the
+  // start of the workers) to the whole run.
+  const uint64_t planned = p["jobs_planned"].GetUint64();
+  if (p["eta_s"].IsNumber() && planned > 0 && p["jobs_done"].GetUint64() * 10 >= planned) {
+    out << ", ETA " << static_cast<long>(p["eta_s"].GetDouble()) << " s";
+  }
   return out.str();
 }
 
@@ -255,6 +260,258 @@ std::string draw_secret() {
   return secret;
 }
 
+// ---- torchrun's habits (docs/LAUNCH.md, "torchrun's flags and ours") ----
+
+// What a refused torchrun flag is, here: the flag (or way) to use instead.
+std::string instead_of(const std::string& flag) {
+  if (flag == "--node-rank") {
+    return "node ranks follow the order in which the agents join; name each node with --node";
+  }
+  if (flag == "--master-addr" || flag == "--master-port") {
+    return "the rendezvous gives MASTER_ADDR and MASTER_PORT (node rank 0's --node-addr and a "
+           "free port of it); point every agent at the coordinator with --url";
+  }
+  if (flag == "--monitor-interval") {
+    return "an agent polls every --node-timeout / 5 s; give --node-timeout";
+  }
+  if (flag == "--tee" || flag == "--log-dir" || flag == "--redirects" ||
+      flag == "--local-ranks-filter" || flag == "--logs-specs") {
+    return "every line of a rank comes out on launch's own output, prefixed [rankN]: "
+           "(--no-prefix to turn it off); redirect it with the shell";
+  }
+  return "launch has no such setting (docs/LAUNCH.md lists torchrun's flags and ours)";
+}
+
+// An error of the command line, said as it is.
+tl::unexpected<std::string> refuse(std::string message) {
+  return tl::unexpected(std::move(message));
+}
+
+// The seconds of a --rdzv-conf value, or an error naming the key.
+tl::expected<double, std::string> conf_seconds(const std::string& key, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double s = std::stod(value, &used);
+    if (used == value.size() && s >= 0) return s;
+  } catch (const std::exception&) {
+  }
+  return refuse("--rdzv-conf " + key + "=" + value + ": give a number of seconds");
+}
+
+// --rdzv-conf KEY=VALUE,...: the keys that mean one of our settings.
+tl::expected<void, std::string> apply_rdzv_conf(const std::string& conf, LaunchArgs& args) {
+  std::istringstream items(conf);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos) return refuse("--rdzv-conf " + item + ": give KEY=VALUE");
+    auto seconds = conf_seconds(key, item.substr(eq + 1));
+    if (!seconds) return refuse(seconds.error());
+    if (key == "join_timeout" || key == "timeout") {
+      args.join_timeout_s = *seconds;
+    } else if (key == "last_call_timeout") {
+      args.settle_s = *seconds;
+    } else if (key == "read_timeout") {
+      args.rdzv_timeout_s = static_cast<int>(*seconds);
+    } else {
+      return refuse("--rdzv-conf " + key +
+                    ": launch has no such setting (join_timeout, timeout, "
+                    "last_call_timeout and read_timeout are mapped; see --node-timeout "
+                    "for the heartbeat)");
+    }
+  }
+  return {};
+}
+
+// The arguments with torchrun's flags mapped onto ours; an error names a flag refused and the
+// one to use.
+tl::expected<LaunchArgs, std::string> with_torchrun_flags(LaunchArgs args) {
+  const LaunchArgs::Torchrun& t = args.torchrun;
+  if (!t.refused.empty()) return refuse(t.refused.front() + ": " + instead_of(t.refused.front()));
+  if (t.standalone && !args.url.empty()) {
+    return refuse(
+        "--standalone and --url exclude each other: --standalone (as --config) is "
+        "a coordinator in this process");
+  }
+  if (t.standalone && args.config.empty()) {
+    return refuse(
+        "--standalone: give --config RUN.toml, the run to train: launch's "
+        "standalone mode is a coordinator in this process");
+  }
+  if (!t.rdzv_backend.empty() && t.rdzv_backend != "c10d" && t.rdzv_backend != "traincoord") {
+    return refuse("--rdzv-backend " + t.rdzv_backend +
+                  ": the agents meet at the coordinator (--url, or --rdzv-endpoint "
+                  "HOST:PORT of a traincoord serve); give c10d or leave it out");
+  }
+  if (!t.rdzv_endpoint.empty()) {
+    const std::string url = t.rdzv_endpoint.find("://") == std::string::npos
+                                ? "http://" + t.rdzv_endpoint
+                                : t.rdzv_endpoint;
+    if (!args.url.empty() && args.url != url) {
+      return refuse("--rdzv-endpoint " + t.rdzv_endpoint + " and --url " + args.url +
+                    " differ: give one of them");
+    }
+    args.url = url;
+  }
+  if (!t.rdzv_id.empty()) {
+    if (!args.run.empty() && args.run != t.rdzv_id) {
+      return refuse("--rdzv-id " + t.rdzv_id + " and --run " + args.run +
+                    " differ: give one of them");
+    }
+    args.run = t.rdzv_id;
+  }
+  if (!t.local_addr.empty()) args.node_addr = t.local_addr;
+  if (!t.rdzv_conf.empty()) {
+    if (auto applied = apply_rdzv_conf(t.rdzv_conf, args); !applied) {
+      return refuse(applied.error());
+    }
+  }
+  if (t.no_python && t.module) return refuse("--no-python and --module exclude each other");
+  return args;
+}
+
+// The path of `name` in a directory of $PATH, or "" when none holds it.
+std::string on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// The command each rank runs: a *.py (or -m MODULE) with python3 from PATH, unbuffered, as
+// torchrun runs it with its own interpreter (`python -u`); anything else as it is.
+tl::expected<std::vector<std::string>, std::string> worker_command(const LaunchArgs& args) {
+  const std::string& first = args.command.front();
+  const bool script = first.size() > 3 && first.ends_with(".py");
+  if (args.torchrun.no_python || (!script && !args.torchrun.module)) return args.command;
+  const std::string python = on_path("python3");
+  if (python.empty()) {
+    return refuse("cannot run " + first +
+                  ": a *.py command runs with python3 from PATH, and no directory of "
+                  "PATH holds one; give the interpreter: -- /usr/bin/python3 " +
+                  first);
+  }
+  std::vector<std::string> command{python, "-u"};
+  if (args.torchrun.module) command.push_back("-m");
+  command.insert(command.end(), args.command.begin(), args.command.end());
+  return command;
+}
+
+// ---- never silent (docs/LAUNCH.md, "Waiting") ----
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// The pace of the lines that say what the agent waits for: due at once, then once every
+// `every` until reset.
+class Pace {
+ public:
+  explicit Pace(std::chrono::milliseconds every) : every_(every) {}
+  bool due(SteadyTime now) {
+    if (said_ && now - last_ < every_) return false;
+    said_ = true;
+    last_ = now;
+    return true;
+  }
+  void reset() { said_ = false; }
+
+ private:
+  std::chrono::milliseconds every_;
+  SteadyTime last_{};
+  bool said_ = false;
+};
+
+long seconds_between(SteadyTime from, SteadyTime to) {
+  return static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(to - from).count());
+}
+
+// "600", "2.5": seconds as a line says them.
+std::string number_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
+
+// How long an agent tries to reach a coordinator that never answered it: a wrong --url fails
+// fast, as the Python client's first contact does.
+constexpr std::chrono::milliseconds kFirstContact{9'500};  // (10 s in all)
+
+// Why the agent gives up on a coordinator that never answered it, or nothing while it may still
+// answer: no answer by the first contact's deadline (kFirstContact, or --rdzv-timeout when
+// shorter: `out_of_time`), or an answer that is not a traincoord coordinator's.
+std::optional<std::string> first_contact_failure(const client::ClientError& e,
+                                                 const std::string& url, bool out_of_time,
+                                                 long tried_s) {
+  if (e.code == client::codes::kBadReply || e.code.starts_with("http_")) {
+    return "the server at " + url + " does not answer as a traincoord coordinator (" + e.message +
+           "); check --url";
+  }
+  if (e.code != client::codes::kUnreachable || !out_of_time) return std::nullopt;
+  return "cannot reach a coordinator at " + url + " (tried for " + std::to_string(tried_s) +
+         " s: " + e.message +
+         "); check --url, and that a coordinator serves it there (traincoord serve --config "
+         "RUN.toml --listen 0.0.0.0:8470)";
+}
+
+// "waiting for nodes: 1 of 2 (n0)": who the rendezvous holds (GET .../nodes), or why this node
+// waits for the next round.
+std::string waiting_line(const std::string& url, const std::string& run, const std::string& node,
+                         const std::string& token) {
+  auto body = client::get(url, "/v1/runs/" + run + "/nodes", std::chrono::seconds(2), token);
+  rapidjson::Document d;
+  if (body) d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
+  if (!body || d.HasParseError() || !d.IsObject() || !d.HasMember("nodes") ||
+      !d["nodes"].IsArray()) {
+    return "waiting for the round to form";
+  }
+  auto names_of = [](const rapidjson::Value& list, bool objects) {
+    std::string names;
+    for (const auto& n : list.GetArray()) {
+      const rapidjson::Value& name = objects && n.IsObject() && n.HasMember("name") ? n["name"] : n;
+      if (name.IsString()) names += (names.empty() ? "" : ", ") + std::string(name.GetString());
+    }
+    return names;
+  };
+  auto number = [&](const char* key) {
+    return d.HasMember(key) && d[key].IsUint64() ? d[key].GetUint64() : uint64_t{0};
+  };
+  if (d.HasMember("formed") && d["formed"].IsBool() && d["formed"].GetBool() &&
+      d.HasMember("members") && d["members"].IsArray()) {
+    return "waiting for the next round: round " + std::to_string(number("round")) + " runs with " +
+           names_of(d["members"], false) + "; node " + node + " joins when it re-forms";
+  }
+  const uint64_t min = number("min_nodes"), max = number("max_nodes");
+  return "waiting for nodes: " + std::to_string(d["nodes"].Size()) + " of " + std::to_string(min) +
+         (max > min ? ":" + std::to_string(max) : "") + " (" + names_of(d["nodes"], true) + ")";
+}
+
+// The state of `launch --config` in `dir` (./RUN.traincoord by default, as `serve` with one
+// run), restored into `engine`: a launch of the same config after a crash or a Ctrl-C resumes
+// the run, and its checkpoints' cuts. Fails with a message naming the data dir.
+tl::expected<std::unique_ptr<Store>, std::string> open_state(const std::string& dir, Engine& engine,
+                                                             ServerClock& clock) {
+  StoreOptions so;
+  so.dir = dir;
+  auto opened = Store::open(so);
+  if (!opened) return tl::unexpected(opened.error().message);
+  std::unique_ptr<Store> store = std::move(*opened);
+  for (const std::string& notice : store->take_notices()) {
+    std::cerr << "traincoord: " << notice << "\n";
+  }
+  Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
+  auto report = restore_engine(*store, engine, replay, clock);
+  if (!report) return tl::unexpected(store->path() + ": " + report.error().message);
+  std::cerr << "traincoord launch: state in " << dir
+            << (report->runs > 0 ? " (the run resumes from it" : " (launch again to resume")
+            << "; --in-memory keeps none)\n";
+  return store;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "node";
@@ -263,9 +520,18 @@ std::string host_name() {
 
 }  // namespace
 
-int launch(const LaunchArgs& args) {
-  if (args.command.empty())
-    return fail("give the worker command after --, e.g. -- python3 train.py");
+int launch(const LaunchArgs& given) {
+  if (given.command.empty()) return fail("give the worker command, e.g. -- python3 train.py");
+  auto mapped = with_torchrun_flags(given);
+  if (!mapped) return fail(mapped.error());
+  const LaunchArgs& args = *mapped;
+  auto command = worker_command(args);
+  if (!command) return fail(command.error());
+  if (command->size() != args.command.size()) {
+    std::cerr << "traincoord launch: " << args.command.front() << " runs with " << (*command)[0]
+              << " -u (python3 from PATH, as torchrun runs a script with its Python; --no-python "
+                 "runs the command as it is)\n";
+  }
   uint32_t min_nodes = 1, max_nodes = 1;
   if (!parse_nnodes(args.nnodes, &min_nodes, &max_nodes)) {
     return fail("--nnodes must be MIN or MIN:MAX with 1 <= MIN <= MAX <= 1024, got " + args.nnodes);
@@ -306,7 +572,7 @@ int launch(const LaunchArgs& args) {
   std::unique_ptr<Store> store;
   std::optional<Auth> auth;
   std::optional<HttpServer> server;
-  std::string url = args.url, run_name = args.run, token_file, token;
+  std::string url = args.url, run_name = args.run, token_file, token, data_dir;
   if (!remote) {
     std::ifstream in(args.config, std::ios::binary);
     if (!in) return fail("cannot read run config " + args.config);
@@ -315,20 +581,19 @@ int launch(const LaunchArgs& args) {
     auto config = parse_run_config(text.str(), args.config);
     if (!config) return fail(config.error().message);
     run_name = config->name;
-    if (!args.data_dir.empty()) {
-      StoreOptions so;
-      so.dir = args.data_dir;
-      auto opened = Store::open(so);
-      if (!opened) return fail(opened.error().message);
+    if (args.in_memory && !args.data_dir.empty()) {
+      return fail("--in-memory and --data-dir exclude each other");
+    }
+    if (!args.in_memory) {
+      data_dir = !args.data_dir.empty() ? args.data_dir : run_name + ".traincoord";
+      auto opened = open_state(data_dir, engine, clock);
+      if (!opened) return fail(opened.error());
       store = std::move(*opened);
-      for (const std::string& notice : store->take_notices()) {
-        std::cerr << "traincoord: " << notice << "\n";
-      }
-      Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
-      auto report = restore_engine(*store, engine, replay, clock);
-      if (!report) return fail(report.error().message);
     } else {
       clock.go_live(0);
+      std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
+                   "a checkpoint of an earlier launch cannot be restored here (its cut is not "
+                   "kept)\n";
     }
     if (auto existing = engine.find(run_name)) {
       // A data dir that holds the run already: the same config resumes it, a changed one is
@@ -338,6 +603,12 @@ int launch(const LaunchArgs& args) {
               reconcile(file, **existing, engine, store.get(), clock, args.apply_config_changes);
           code != 0) {
         return code;
+      }
+      if ((*existing)->finished()) {
+        std::cerr << "traincoord launch: run " << run_name << " already ended ("
+                  << run_state_name((*existing)->state()) << ", state in " << data_dir
+                  << "): nothing left to train; to train it again, remove " << data_dir
+                  << " or give --in-memory\n";
       }
     } else {
       auto run = engine.create_run(*config);
@@ -350,7 +621,7 @@ int launch(const LaunchArgs& args) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     ServerOptions options;
     if (args.auth) {
-      auto opened = Auth::open(args.data_dir.empty() ? "traincoord-tokens" : args.data_dir);
+      auto opened = Auth::open(data_dir.empty() ? "traincoord-tokens" : data_dir);
       if (!opened) return fail(opened.error().message);
       auth = std::move(*opened);
       if (auto t = auth->worker_token(run_name); !t) return fail(t.error().message);
@@ -389,8 +660,27 @@ int launch(const LaunchArgs& args) {
   const std::string node = !args.node.empty() ? args.node : remote ? host_name() : "node0";
   const std::string rdzv = "/v1/runs/" + run_name + "/nodes/";
   const std::string secret = draw_secret();
+  const SteadyTime started = std::chrono::steady_clock::now();
+  const SteadyTime first_contact_by =
+      started +
+      std::min<std::chrono::milliseconds>(kFirstContact, std::chrono::seconds(args.rdzv_timeout_s));
+  bool reached = false;  // whether a coordinator answered this agent once
+  // The time left for the first contact (before a first answer: a wrong --url is said by then).
+  auto first_contact_left = [&] {
+    return std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          first_contact_by - std::chrono::steady_clock::now()));
+  };
   auto request = [&](const std::string& action, const std::string& body) {
-    return client::post(url, rdzv + action, body, std::chrono::seconds(10), token);
+    const auto timeout = reached ? std::chrono::milliseconds(10'000)
+                                 : std::clamp<std::chrono::milliseconds>(
+                                       first_contact_left(), std::chrono::milliseconds(100),
+                                       std::chrono::milliseconds(3'000));
+    auto reply = client::post(url, rdzv + action, body, timeout, token);
+    if (reply || (reply.error().http_status != 0 && !reply.error().code.starts_with("http_"))) {
+      reached = true;
+    }
+    return reply;
   };
   auto join = [&] {
     JsonWriter j;
@@ -448,16 +738,16 @@ int launch(const LaunchArgs& args) {
     for (int r = 0; r < args.workers; ++r) {
       workers[r].exit_code = -1;
       if (!args.prefix_output) {
-        workers[r].pid = spawn(args.command, env_of(r));
+        workers[r].pid = spawn(*command, env_of(r));
         continue;
       }
       int out[2], err[2];
       if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-        workers[r].pid = spawn(args.command, env_of(r));  // (no pipes: unprefixed output)
+        workers[r].pid = spawn(*command, env_of(r));  // (no pipes: unprefixed output)
         continue;
       }
       const int ends[2] = {out[1], err[1]};
-      workers[r].pid = spawn(args.command, env_of(r), ends);
+      workers[r].pid = spawn(*command, env_of(r), ends);
       close(out[1]);
       close(err[1]);
       const std::string prefix = "[rank" + std::to_string(at.rank_offset + r) + "]: ";
@@ -512,10 +802,12 @@ int launch(const LaunchArgs& args) {
   std::string gave_up_why;
   size_t epochs_shown = 0;  // closed epochs announced (in opening order)
   auto last_print = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+  std::string last_progress;  // the progress line printed last, and when
+  auto last_progress_at = std::chrono::steady_clock::now() - std::chrono::seconds(10);
   auto last_poll = std::chrono::steady_clock::now();
   const bool tty = isatty(STDERR_FILENO);
   // Prints a line for each epoch closed since the last call, then the progress line.
-  auto report_progress = [&] {
+  auto report_progress = [&](bool final) {
     auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2), token);
     if (!body) return;
     rapidjson::Document d;
@@ -544,12 +836,23 @@ int launch(const LaunchArgs& args) {
         lines += epoch_line(run_name, epochs[epochs_shown - from]) + "\n";
       }
     }
-    const std::string line = progress_line(*body);
+    std::string line = progress_line(*body);
+    // Off a terminal, the progress line when it changed, every 5 s at most (the epoch lines at
+    // once).
+    if (!tty &&
+        (line == last_progress || (!final && std::chrono::steady_clock::now() - last_progress_at <
+                                                 std::chrono::seconds(5)))) {
+      line.clear();
+    }
+    if (!line.empty()) {
+      last_progress = line;
+      last_progress_at = std::chrono::steady_clock::now();
+    }
     std::lock_guard lock(output_mutex);
     if (tty) {
-      std::cerr << "\r\x1b[K" << lines << line << std::flush;
+      std::cerr << "\r\x1b[K" << lines << (line.empty() ? last_progress : line) << std::flush;
     } else {
-      std::cerr << lines << line << "\n";
+      std::cerr << lines << (line.empty() ? "" : line + "\n");
     }
   };
   // Waits, a little at a time, for SIGINT or SIGTERM; passes them on to the workers.
@@ -573,19 +876,53 @@ int launch(const LaunchArgs& args) {
   // or `restart` answered to a join. Each retry waits longer (100 ms doubling to 2 s: a few
   // requests a second at most, whatever the coordinator answers); after --rdzv-timeout seconds
   // of it the agent gives up, saying what it waited for.
-  std::optional<std::chrono::steady_clock::time_point> trouble_since;
+  // The same clock runs while the ranks train and the coordinator does not answer their agent's
+  // heartbeat: --rdzv-timeout holds at every stage. A line says what the agent waits for, every
+  // 10 s at most.
+  std::optional<SteadyTime> trouble_since;
+  Pace trouble_said(std::chrono::seconds(10));
   long backoff_ms = 0;
   auto in_trouble = [&](const std::string& waited_for) {  // true: give up
     const auto now = std::chrono::steady_clock::now();
     if (!trouble_since) trouble_since = now;
-    if (now - *trouble_since >= std::chrono::seconds(args.rdzv_timeout_s)) {
+    const long waited = seconds_between(*trouble_since, now);
+    if (waited >= args.rdzv_timeout_s) {
       gave_up = true;
       gave_up_why = "gave up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
                     " s waiting for " + waited_for;
       return true;
     }
+    if (waited >= 2 && trouble_said.due(now)) {
+      say("traincoord launch: waiting for " + waited_for + " (" + std::to_string(waited) +
+          " s so far; giving up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
+          " s)\n");
+    }
     backoff_ms = backoff_ms == 0 ? 100 : std::min<long>(backoff_ms * 2, 2000);
-    wait_a_little(backoff_ms);
+    wait_a_little(
+        reached ? backoff_ms
+                : std::min<long>(backoff_ms, static_cast<long>(first_contact_left().count())));
+    return false;
+  };
+
+  std::optional<SteadyTime> waiting_since;  // not in a running round since
+  Pace waiting_said(std::chrono::seconds(5));
+  // The heartbeat of a running round unanswered: the ranks go on until --rdzv-timeout, then
+  // stop. Returns true: give up.
+  auto heartbeat_unanswered = [&](const client::ClientError& e, SteadyTime now) {
+    if (!trouble_since) trouble_since = now;
+    const long waited = seconds_between(*trouble_since, now);
+    if (waited >= args.rdzv_timeout_s) {
+      gave_up = true;
+      gave_up_why = "gave up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
+                    " s: the coordinator at " + url + " did not answer node " + node +
+                    "'s heartbeat (" + e.message + "); its ranks were stopped";
+      return true;
+    }
+    if (trouble_said.due(now)) {
+      say("traincoord launch: the coordinator at " + url + " does not answer (" + e.message +
+          "); the ranks go on; " + std::to_string(waited) + " s so far, giving up after " +
+          "--rdzv-timeout " + std::to_string(args.rdzv_timeout_s) + " s\n");
+    }
     return false;
   };
 
@@ -595,6 +932,15 @@ int launch(const LaunchArgs& args) {
     if (interrupted) break;
     if (!standing) {
       const client::ClientError& e = standing.error();
+      if (!reached) {
+        const auto now = std::chrono::steady_clock::now();
+        if (auto why = first_contact_failure(e, url, now >= first_contact_by,
+                                             seconds_between(started, now))) {
+          gave_up = true;
+          gave_up_why = *why;
+          break;
+        }
+      }
       // (not_leader: several coordinators, and none leads the run yet: an election)
       const bool transient =
           e.code == client::codes::kUnreachable || e.code == client::codes::kNotLeader ||
@@ -622,6 +968,7 @@ int launch(const LaunchArgs& args) {
       continue;
     }
     trouble_since.reset();
+    trouble_said.reset();
     backoff_ms = 0;
     if (standing->state != "running") {
       if (standing->run_state != "running" && !standing->run_state.empty()) {
@@ -629,19 +976,36 @@ int launch(const LaunchArgs& args) {
         (void)request("leave", node_body());
         break;
       }
+      // Not in a running round: a line every 5 s says for whom it waits; --join-timeout ends it.
+      const auto now = std::chrono::steady_clock::now();
+      if (!waiting_since) waiting_since = now;
+      if (seconds_between(*waiting_since, now) >= args.join_timeout_s) {
+        gave_up = true;
+        gave_up_why = "gave up after --join-timeout " + number_text(args.join_timeout_s) + " s " +
+                      waiting_line(url, run_name, node, token) +
+                      "; start the other nodes' agents (the same --url, --run and --nnodes), or "
+                      "lower --nnodes";
+        (void)request("leave", node_body());
+        break;
+      }
+      if (waiting_said.due(now)) {
+        say("traincoord launch: " + waiting_line(url, run_name, node, token) + "\n");
+      }
       wait_a_little(std::min<long>(poll_ms, 200));  // (a round forming: answer it soon)
       standing = standing_of(request("poll", node_body()));
       continue;
     }
     at = *standing;
+    waiting_since.reset();
+    waiting_said.reset();
     say("traincoord launch: node " + node + " is node rank " + std::to_string(at.node_rank) +
         " of " + std::to_string(at.nnodes) + " (round " + std::to_string(at.round) +
         ", world size " + std::to_string(at.world_size) + ", master " + at.master_addr + ":" +
         std::to_string(at.master_port) + ")\n");
     start_group();
     std::optional<std::string> failure;  // why this node's group stops
-    bool round_ended = false;
-    while (running() > 0 && !failure && !round_ended && !interrupted) {
+    bool round_ended = false, coordinator_gone = false;
+    while (running() > 0 && !failure && !round_ended && !coordinator_gone && !interrupted) {
       wait_a_little(200);
       int status = 0;
       pid_t pid;
@@ -656,6 +1020,12 @@ int launch(const LaunchArgs& args) {
       if (!failure && now - last_poll >= std::chrono::milliseconds(poll_ms)) {
         last_poll = now;
         auto polled = standing_of(request("poll", node_body()));
+        if (polled || polled.error().http_status != 0) {
+          trouble_since.reset();
+          trouble_said.reset();
+        } else {
+          coordinator_gone = heartbeat_unanswered(polled.error(), now);
+        }
         if (polled && polled->state != "running") {
           round_ended = true;
           standing = polled;
@@ -667,14 +1037,18 @@ int launch(const LaunchArgs& args) {
           standing = polled;
         }
       }
-      if (now - last_print >= std::chrono::milliseconds(tty ? 500 : 5000)) {
+      if (now - last_print >= std::chrono::milliseconds(tty ? 500 : 1000)) {
         last_print = now;
-        report_progress();
+        report_progress(false);
       }
     }
     if (interrupted) {
       stop_group();  // (SIGTERM again, then SIGKILL after the grace period)
       (void)request("leave", node_body());
+      break;
+    }
+    if (coordinator_gone) {
+      stop_group();
       break;
     }
     if (!failure && !round_ended) {  // every rank of this node exited 0
@@ -701,7 +1075,7 @@ int launch(const LaunchArgs& args) {
         std::to_string(args.max_restarts) + ")\n");
     standing = join();
   }
-  report_progress();  // the epochs that closed since the last report
+  report_progress(true);  // the epochs that closed since the last report
   if (tty) std::cerr << "\n";
   for (std::thread& t : pumps) t.join();  // (every worker exited: their pipes are closed)
   if (gave_up) std::cerr << "traincoord launch: " << gave_up_why << "\n";
@@ -713,7 +1087,8 @@ int launch(const LaunchArgs& args) {
     if (!d.HasParseError() && d.IsObject() && d.HasMember("state") && d["state"].IsString()) {
       state = d["state"].GetString();
       reason = d.HasMember("reason") && d["reason"].IsString() ? d["reason"].GetString() : "";
-      std::cerr << "traincoord launch: run " << run_name << " " << state << ": " << reason;
+      std::cerr << "traincoord launch: run " << run_name << " " << state
+                << (reason.empty() ? "" : ": " + reason);
       if (d.HasMember("early_stop") && d["early_stop"].IsObject() &&
           d["early_stop"].HasMember("best_epoch") && d["early_stop"]["best_epoch"].IsInt64() &&
           reason.find("best epoch") == std::string::npos) {

@@ -63,6 +63,61 @@ std::string usage_error(const CLI::App& app, int argc, char** argv, const CLI::P
   return first + ": " + e.what() + " (see traincoord " + first + " --help)";
 }
 
+// torchrun's flags on `launch` (docs/LAUNCH.md, "torchrun's flags and ours"): launch() maps
+// them onto ours, or refuses them naming the flag to use.
+void add_torchrun_flags(CLI::App* lch, LaunchArgs::Torchrun& t) {
+  const std::string group =
+      "torchrun's flags, mapped onto the ones above (its others are refused, naming ours)";
+  lch->add_flag("--standalone", t.standalone, "as --config: a coordinator in this process")
+      ->group(group);
+  lch->add_option("--rdzv-endpoint", t.rdzv_endpoint, "HOST:PORT: as --url http://HOST:PORT")
+      ->group(group);
+  lch->add_option("--rdzv-backend", t.rdzv_backend,
+                  "c10d (or traincoord): the coordinator is the rendezvous")
+      ->group(group);
+  lch->add_option("--rdzv-id", t.rdzv_id, "as --run")->group(group);
+  lch->add_option("--rdzv-conf", t.rdzv_conf,
+                  "join_timeout=S or timeout=S (--join-timeout), last_call_timeout=S (--settle), "
+                  "read_timeout=S (--rdzv-timeout), separated by commas")
+      ->group(group);
+  lch->add_option("--local-addr", t.local_addr, "as --node-addr")->group(group);
+  lch->add_flag("--no-python", t.no_python, "run the command as it is, even a *.py")->group(group);
+  lch->add_flag("-m,--module", t.module, "the command is a Python module: python3 -u -m CMD")
+      ->group(group);
+  // Refused, naming the flag to use (hidden from --help; docs/LAUNCH.md lists them).
+  for (const char* name :
+       {"--node-rank", "--master-addr", "--master-port", "--monitor-interval", "--tee", "--log-dir",
+        "--redirects", "--role", "--start-method", "--local-ranks-filter", "--logs-specs"}) {
+    lch->add_option_function<std::string>(
+           name, [&t, name](const std::string&) { t.refused.emplace_back(name); }, "")
+        ->group("");
+  }
+  lch->add_flag_function(
+         "--run-path", [&t](int64_t) { t.refused.emplace_back("--run-path"); }, "")
+      ->group("");
+}
+
+// A `launch` command line as torchrun takes it: the dash spelling of each flag for torchrun's
+// older underscore one (--nproc_per_node, --max_restarts, --rdzv_endpoint...), and a `--`
+// before the worker command when it is not there (`launch --nproc-per-node 2 train.py --lr 1`).
+std::vector<std::string> torchrun_command_line(const CLI::App* lch, int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2 || args[1] != "launch") return args;
+  for (size_t i = 2; i < args.size() && args[i] != "--"; ++i) {
+    std::string& arg = args[i];
+    if (!arg.starts_with("-")) {  // the command
+      args.insert(args.begin() + static_cast<std::ptrdiff_t>(i), "--");
+      break;
+    }
+    if (!arg.starts_with("--")) continue;  // (-m, -h)
+    const size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+    const CLI::Option* option = lch->get_option_no_throw(arg.substr(0, end));
+    if (option != nullptr && end == arg.size() && option->get_items_expected_min() > 0) ++i;
+  }
+  return args;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -277,14 +332,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   lch->add_flag("!--no-prefix", launch_args.prefix_output,
                 "do not prefix each line of a worker's output with [rankN]:");
+  lch->add_option("--join-timeout", launch_args.join_timeout_s,
+                  "seconds the agent waits to be in a running round (nodes to join, the next "
+                  "round to form) before it gives up, as torchrun's join_timeout")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   lch->add_option("--data-dir", launch_args.data_dir,
-                  "with --config: keep the run's state there (default: in memory)");
+                  "with --config: where the run's state lives (default: ./RUN.traincoord, as "
+                  "serve): launch again to resume");
+  lch->add_flag("--in-memory", launch_args.in_memory,
+                "with --config: keep no state on disk (a restart of launch starts afresh)");
   lch->add_flag("--apply-config-changes", launch_args.apply_config_changes,
-                "with --data-dir holding the run: apply a changed config where allowed (see "
+                "with a data dir holding the run: apply a changed config where allowed (see "
                 "serve)");
   lch->add_flag("--auth", launch_args.auth,
                 "require tokens; workers get theirs through $TRAINCOORD_TOKEN_FILE");
-  lch->add_option("command", launch_args.command, "the worker command, after --");
+  lch->add_option("command", launch_args.command,
+                  "the worker command, after --; a *.py runs with python3 from PATH");
+  add_torchrun_flags(lch, launch_args.torchrun);
   lch->allow_extras(false);
   lch->footer(
       example({"traincoord launch --workers 4 --config examples/digits/digits.toml -- "
@@ -299,6 +364,12 @@ int main(int argc, char** argv) {
   ins->add_flag("--json", inspect_args.json, "print each run's JSON status");
   ins->footer(example({"traincoord inspect --data-dir example.traincoord"}));
 
+  std::vector<std::string> spelled = torchrun_command_line(lch, argc, argv);
+  std::vector<char*> spelled_argv;
+  for (std::string& arg : spelled) spelled_argv.push_back(arg.data());
+  argc = static_cast<int>(spelled_argv.size());
+  spelled_argv.push_back(nullptr);
+  argv = spelled_argv.data();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
