@@ -213,6 +213,22 @@ TEST_F(CutTest, ANewGroupWithoutCutsTakesOverAndVoidsTheLeasesOfTheGroupBefore) 
   EXPECT_EQ(again.attempt, 2u);
 }
 
+// A checkpoint of a cut this ledger never had (the coordinator kept the run in memory and was
+// started again): the group took the run over without a restore, then restores that cut. The
+// answer says the cut is missing and why, not that the group is already current (issue 33).
+TEST_F(CutTest, RestoringACutTheLedgerNeverHadSaysSoNotThatTheGroupIsCurrent) {
+  traincoord::Run run(two_jobs(), clock_);
+  ASSERT_EQ(*run.join_group("g"), GroupState::kCurrent);  // no cut: it takes the run over
+  auto missing = run.restore("g", 3);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().reason, error_reason::kCutNotFound);
+  EXPECT_NE(missing.error().message.find("has no cut 3"), std::string::npos)
+      << missing.error().message;
+  EXPECT_NE(missing.error().message.find("another ledger"), std::string::npos)
+      << missing.error().message;
+  EXPECT_EQ(reason_of(run.restore("g", std::nullopt)), error_reason::kRestoreConflict);
+}
+
 TEST_F(CutTest, UngroupedWorkersAreNeverFencedNorVoidedByTheFirstGroup) {
   traincoord::Run run(two_jobs(), clock_);
   const WorkerId solo = run.join("solo");

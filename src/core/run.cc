@@ -899,6 +899,18 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
     if (restored_ == target) {  // another rank of the group, or a retry
       return Restored{false, cut_id, generation_, 0, 0};
     }
+    // A checkpoint of a cut this ledger never had (a coordinator kept in memory and started
+    // again): what is wrong is the cut, not the group (issue 33).
+    if (cut_id && cuts_.find(*cut_id) == nullptr) {
+      auto missing = cuts_.check_restorable(*cut_id, config_.name);
+      TC_ASSERT(!missing);
+      return not_found(missing.error().message +
+                           ": the checkpoint was taken against another ledger (a coordinator "
+                           "that kept the run in memory and started again, or another data "
+                           "dir). Restore it where its cut is kept, or train afresh "
+                           "(start_fresh) from this run's state",
+                       error_reason::kCutNotFound);
+    }
     return conflict("group " + std::string(group) + " is already the current group of run " +
                         config_.name + " (" +
                         (restored_.empty() ? std::string("it took the run over without a restore")

@@ -168,8 +168,11 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
     }
   }
   const TimeMs now = clock_.now();
-  if (clock_.pauses() != pauses_seen_) {
+  // Told once the time skipped since the last notice reaches a second: a loaded machine skips
+  // a few tens of milliseconds now and then, which is no news to the user.
+  if (clock_.pauses() != pauses_seen_ && clock_.skipped_ms() - skipped_told_ms_ >= 1000) {
     pauses_seen_ = clock_.pauses();
+    skipped_told_ms_ = clock_.skipped_ms();
     char text[160];
     std::snprintf(text, sizeof text,
                   "the coordinator did not run for a while (stopped or stalled); %.3f s in all "

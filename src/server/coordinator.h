@@ -133,7 +133,8 @@ class Coordinator {
   std::map<std::string, std::deque<Parked>, std::less<>> parked_;
   std::function<void(std::string&)> transport_metrics_;
   TimeMs last_tick_;
-  uint64_t pauses_seen_ = 0;  // clock_.pauses() when last told
+  uint64_t pauses_seen_ = 0;    // clock_.pauses() when last told
+  TimeMs skipped_told_ms_ = 0;  // clock_.skipped_ms() when last told
 };
 
 }  // namespace traincoord
