@@ -901,7 +901,7 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
     }
     // A checkpoint of a cut this ledger never had (a coordinator kept in memory and started
     // again): what is wrong is the cut, not the group (issue 33).
-    if (cut_id && cuts_.find(*cut_id) == nullptr) {
+    if (restored_.empty() && cut_id && cuts_.find(*cut_id) == nullptr) {
       auto missing = cuts_.check_restorable(*cut_id, config_.name);
       TC_ASSERT(!missing);
       return not_found(missing.error().message +
