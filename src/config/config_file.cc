@@ -233,10 +233,9 @@ Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_vi
     const char* name;
     Result<void> (*read)(TableReader&, RunConfig*);
   };
-  for (const Section& s :
-       {Section{"data", read_data}, Section{"schedule", read_schedule},
-        Section{"leases", read_leases}, Section{"cuts", read_cuts},
-        Section{"early_stop", read_early_stop}}) {
+  for (const Section& s : {Section{"data", read_data}, Section{"schedule", read_schedule},
+                           Section{"leases", read_leases}, Section{"cuts", read_cuts},
+                           Section{"early_stop", read_early_stop}}) {
     const bool present = top.has(s.name);
     const toml::table* table = present ? root[s.name].as_table() : nullptr;
     if (present && !table) {
