@@ -87,20 +87,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(server, code, tmp_path, timeout, until=None):
-    """Starts 2 ranks of `code`; returns (finished, outputs, seen per rank) once they ended, or
-    `until()` returned the same value (not None) for 3 s, or `timeout` passed. Stops them by
-    PID."""
+def run_ranks(server, code, tmp_path, timeout, until=None, ranks=2, run="ddp"):
+    """Starts `ranks` ranks of `code` for run `run`; returns (finished, outputs, seen per rank)
+    once they ended, or `until()` returned the same value (not None) for 3 s, or `timeout`
+    passed. Stops them by PID."""
     script = tmp_path / "train.py"
     script.write_text(code)
     port = free_port()
     procs, logs = [], []
     try:
-        for rank in range(2):
+        for rank in range(ranks):
             env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "TRAINCOORD_URL": server.url,
-                   "TRAINCOORD_RUN": "ddp", "TRAINCOORD_WORKER": f"rank{rank}",
+                   "TRAINCOORD_RUN": run, "TRAINCOORD_WORKER": f"rank{rank}",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                   "WORLD_SIZE": "2", "SEEN_FILE": str(tmp_path / f"seen{rank}.json")}
+                   "WORLD_SIZE": str(ranks), "SEEN_FILE": str(tmp_path / f"seen{rank}.json")}
             logs.append(open(tmp_path / f"rank{rank}.log", "w+"))
             procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
                                           stdout=logs[-1], stderr=subprocess.STDOUT))
@@ -125,7 +125,7 @@ def run_ranks(server, code, tmp_path, timeout, until=None):
         outputs.append(log.read())
         log.close()
     seen = []
-    for rank in range(2):
+    for rank in range(ranks):
         path = tmp_path / f"seen{rank}.json"
         seen.append(json.loads(path.read_text()) if path.exists() else None)
     return finished, outputs, seen

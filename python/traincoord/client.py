@@ -217,6 +217,15 @@ class Job:
     index: int
     jobs_in_epoch: int
     batches: list[int]
+    # Step mode (schedule.mode = "steps"): this rank's batch of step `step` of `steps`, its
+    # sample indices listed in `samples` (then `batches` is empty), and the factor to scale
+    # its loss by so that the step's gradient is the mean over the step's samples under DDP's
+    # averaging (n_rank * world_size / n_step). None / 1.0 in job mode.
+    samples: list[int] | None = field(default=None, compare=False)
+    rank: int | None = field(default=None, compare=False)
+    step: int | None = field(default=None, compare=False)
+    steps: int | None = field(default=None, compare=False)
+    loss_scale: float = field(default=1.0, compare=False)
     _run: "Run | None" = field(default=None, repr=False, compare=False)
     _result: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _sent: bool = field(default=False, repr=False, compare=False)
@@ -607,6 +616,8 @@ class Run:
         self.id = -1
         self.heartbeat_interval = 10.0
         self.group: str | None = group or None
+        self.rank: int | None = None  # set_rank: its rank in the group, and the group's size
+        self.world_size: int | None = None
         # What the last registration said: "current" or "restore_required" (None: ungrouped),
         # the run's generation and its latest complete cut (or None).
         self.group_state: str | None = None
@@ -901,8 +912,19 @@ class Run:
     def _in_loop(self, job: Job) -> bool:
         return self._current is job
 
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Registers again as rank `rank` of a group of `world_size` ranks (a step-mode run
+        hands this worker only its rank's batches; every rank of a group must give the same
+        world size). Phases does this in step mode. Requires a group."""
+        self._require_group("a rank")
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._register()
+
     def _register(self, conn: "_Channel | None" = None) -> None:
-        reply = self._post("workers", {"name": self.worker}, registering=True, conn=conn)
+        body: dict[str, Any] = {"name": self.worker}
+        if self.rank is not None:
+            body.update({"rank": self.rank, "world_size": self.world_size})
+        reply = self._post("workers", body, registering=True, conn=conn)
         worker = _field(reply, "worker", "int")
         interval = _field(reply, "heartbeat_interval_ms", "number") / 1000.0
         group_state = _field(reply, "group_state", "str", optional=True)
@@ -931,6 +953,18 @@ class Run:
                                f"{_join(getattr(j, '_path', ''), 'batches')!r} that holds a "
                                f"value that is not a batch number: {_show(batches)}")
             job = Job(*fields, list(batches), _run=self)
+            if "samples" in j:
+                samples = _field(j, "samples", "list")
+                if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                           for s in samples):
+                    raise BadReply(f"the reply to {getattr(j, '_where', 'a request')} has "
+                                   f"field {_join(getattr(j, '_path', ''), 'samples')!r} that "
+                                   f"holds a value that is not a sample index: {_show(samples)}")
+                job.samples = list(samples)
+                job.rank = _field(j, "rank", "int")
+                job.step = _field(j, "step", "int")
+                job.steps = _field(j, "steps", "int")
+                job.loss_scale = float(_field(j, "loss_scale", "number"))
             with self._lock:
                 self._held.add(job.lease)
             return job

@@ -113,6 +113,17 @@ class Phase:
     def __len__(self) -> int:  # unknown in advance; DataLoader only needs it for len()
         raise TypeError("a phase's length is decided by the coordinator as it goes")
 
+    @property
+    def loss_scale(self) -> float:
+        """The factor to multiply the loss of the batch being trained (the oldest the loader
+        handed out that no report covered yet) by before backward(). In step mode
+        (schedule.mode = "steps") a step's batches may differ in size (the last steps of an
+        epoch split what is left); with DDP averaging the ranks' gradients, this factor
+        (n_rank * world_size / n_step) makes the step's gradient the mean over the step's
+        samples. 1.0 in job mode and for a batch of a full step."""
+        pending = next((p for p in self._pending if p.reported < p.yielded), None)
+        return 1.0 if pending is None else pending.job.loss_scale
+
     def report(self, loss: float, samples: int | None = None, **metrics: float) -> None:
         """Reports the oldest batch the loader handed out and no report has covered yet: its
         loss (a float or a 0-dim tensor), its weight in the epoch's mean (default: its number
@@ -237,6 +248,14 @@ class Phases:
                 group = _process_group()  # a lineage with checkpoints: be fenced as one of it
         if group is not None and group != run.group:
             run.set_group(group)
+        # Step mode: this process is one rank of a synchronous group, handed its rank's batch
+        # of every step (a process on its own is a group of one).
+        self.steps = status["config"].get("mode") == "steps"
+        if self.steps:
+            self._ensure_group()
+            rank, world_size = _rank_and_world_size()
+            if (run.rank, run.world_size) != (rank, world_size):
+                run.set_rank(rank, world_size)
         self._read_status(status)
         self.current: Phase | None = None
         # Jobs held ahead: enough for `prefetch` batches. Big jobs are fetched one ahead, so a
@@ -365,6 +384,9 @@ class Phases:
             raise CoordinatorError(f"the coordinator handed out a {job.set} job, but Phases "
                                    f"was given no size for set {job.set!r}",
                                    field="sizes") from None
+        if job.samples is not None:  # step mode: the coordinator lists the batch's samples
+            job._samples = [job.samples]
+            return
         job._samples = [order.batch(job.epoch, b) for b in job.batches]
 
     def __iter__(self) -> Iterator[Phase]:

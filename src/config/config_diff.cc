@@ -61,6 +61,7 @@ constexpr std::array kFields = {
     TC_FIELD("schedule.start_step", start_step, kFixed),
     TC_FIELD("schedule.seed_compat", seed_compat, kFixed),
     TC_FIELD("schedule.overlap_epochs", overlap_epochs, kFixed),
+    TC_FIELD("schedule.mode", mode, kFixed),
     TC_FIELD("leases.timeout", lease_timeout_ms, kChangeable),
     TC_FIELD("leases.max_attempts", max_attempts, kChangeable),
     TC_FIELD("leases.on_job_failure", on_job_failure, kChangeable),
@@ -84,7 +85,7 @@ constexpr std::array kFields = {
 
 // RunConfig: 20 fields listed, plus `name` (never compared) and `early_stop` (listed by its
 // parts: its `kind` as early_stop.rule, and every member of `window` and `patience`).
-static_assert(member_count<RunConfig>() == 22,
+static_assert(member_count<RunConfig>() == 23,
               "RunConfig gained or lost a field: list it in kFields (and update this count)");
 static_assert(member_count<EarlyStopConfig>() == 3,
               "EarlyStopConfig gained or lost a field: list it in kFields");
@@ -92,7 +93,7 @@ static_assert(member_count<WindowRuleConfig>() == 3,
               "WindowRuleConfig gained or lost a field: list it in kFields");
 static_assert(member_count<PatienceRuleConfig>() == 8,
               "PatienceRuleConfig gained or lost a field: list it in kFields");
-static_assert(kFields.size() == (22 - 2) + 1 + 3 + 8, "kFields must list every field once");
+static_assert(kFields.size() == (23 - 2) + 1 + 3 + 8, "kFields must list every field once");
 
 }  // namespace
 

@@ -35,6 +35,7 @@ std::vector<Change> one_change_per_field() {
       {"schedule.start_step", [](RunConfig& c) { c.start_step += 1; }},
       {"schedule.seed_compat", [](RunConfig& c) { c.seed_compat = !c.seed_compat; }},
       {"schedule.overlap_epochs", [](RunConfig& c) { c.overlap_epochs = !c.overlap_epochs; }},
+      {"schedule.mode", [](RunConfig& c) { c.mode = ScheduleMode::kSteps; }},
       {"leases.timeout", [](RunConfig& c) { c.lease_timeout_ms += 1; }},
       {"leases.max_attempts", [](RunConfig& c) { c.max_attempts += 1; }},
       {"leases.on_job_failure", [](RunConfig& c) { c.on_job_failure = JobFailurePolicy::kSkip; }},

@@ -182,6 +182,7 @@ Result<void> read_schedule(TableReader& t, RunConfig* c) {
   TC_TRY(t.integer_as("start_step", 0, std::numeric_limits<int64_t>::max(), &c->start_step));
   TC_TRY(t.boolean("seed_compat", &c->seed_compat));
   TC_TRY(t.boolean("overlap_epochs", &c->overlap_epochs));
+  TC_TRY(t.choice("mode", kScheduleModeNames, &c->mode));
   return t.no_unknown_keys();
 }
 

@@ -364,6 +364,15 @@ TEST_F(CutTest, AWorkerIsFencedByTheGroupItRegisteredWithWhateverItsRequestsName
   EXPECT_TRUE(run.admit(old, ""));
 }
 
+// The bytes format 8 appends to a snapshot of a run of job-mode epochs only: each worker's
+// world size and rank (0, 0), the group's world size (0), each epoch's step layout (0, 0, no
+// segment), the run's and those of its cuts'.
+std::string format8_tail(const traincoord::Run& run) {
+  size_t epochs = run.epochs().size();
+  for (const Cut& cut : run.cuts()) epochs += cut.saved.epochs.size();
+  return std::string(2 * run.workers().size() + 1 + 3 * epochs, '\0');
+}
+
 TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersUngrouped) {
   traincoord::Run run(two_jobs(), clock_);
   ASSERT_TRUE(run.join_group("g1"));
@@ -376,9 +385,11 @@ TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersU
   ASSERT_TRUE(loaded) << loaded.error().message;
   EXPECT_EQ((*loaded)->workers()[w].group, "g1");
   EXPECT_EQ(reason_of((*loaded)->admit(w, "")), error_reason::kStaleGeneration);
-  // The same snapshot as format 6 wrote it: no worker groups at its end.
-  std::string v6 = bytes.substr(0, bytes.size() - 3);  // one group: length 2, then "g1"
-  ASSERT_EQ(static_cast<uint8_t>(v6[5]), 7u);          // (after the 5-byte magic)
+  // The same snapshot as format 6 wrote it: no worker groups at its end (nor format 8's).
+  const std::string tail = format8_tail(run);
+  ASSERT_EQ(bytes.substr(bytes.size() - tail.size()), tail);
+  std::string v6 = bytes.substr(0, bytes.size() - tail.size() - 3);  // group: length 2, "g1"
+  ASSERT_EQ(static_cast<uint8_t>(v6[5]), 8u);                        // (after the 5-byte magic)
   v6[5] = 6;
   auto old = RunCodec::load(two_jobs(), v6, clock_);
   ASSERT_TRUE(old) << old.error().message;

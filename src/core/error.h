@@ -44,6 +44,9 @@ inline constexpr std::string_view kRendezvousFull = "rendezvous_full";          
 inline constexpr std::string_view kRendezvousSettingsConflict =
     "rendezvous_settings_conflict";                                   // kConflict
 inline constexpr std::string_view kGroupMismatch = "group_mismatch";  // kConflict
+// Step mode (docs/SEMANTICS.md, "Step mode").
+inline constexpr std::string_view kWorldSizeMismatch = "world_size_mismatch";  // kConflict
+inline constexpr std::string_view kRankRequired = "rank_required";  // kFailedPrecondition
 // High availability (docs/HA.md): this coordinator does not lead the run (HTTP 421).
 inline constexpr std::string_view kNotLeader = "not_leader";  // kFailedPrecondition
 }  // namespace error_reason

@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "core/sample_order.h"
+
 namespace traincoord {
 
 std::string_view completion_outcome_name(CompletionOutcome outcome) {
@@ -144,8 +146,16 @@ bool Run::open_next_epoch() {
   running_.push_back(slot);
   latest_of_set_[static_cast<int>(p.set)] = slot;
   if (p.set == SetKind::kDev) dev_to_judge_.push_back(slot);
-  emit(EventKind::kEpochOpened, std::string(set_name(p.set)) + " epoch " + std::to_string(p.epoch) +
-                                    " opened with " + std::to_string(p.size()) + " jobs");
+  if (config_.mode == ScheduleMode::kSteps && group_ranks_ > 0) {
+    lay_out(epochs_[slot], group_ranks_);
+  }
+  const Epoch& opened = epochs_[slot];
+  emit(EventKind::kEpochOpened,
+       std::string(set_name(p.set)) + " epoch " + std::to_string(p.epoch) + " opened with " +
+           std::to_string(opened.plan.size()) + " jobs" +
+           (opened.steps() ? " (" + std::to_string(opened.plan.size() / opened.ranks) +
+                                 " steps of " + std::to_string(opened.ranks) + " ranks)"
+                           : std::string()));
   return true;
 }
 
@@ -222,12 +232,47 @@ void Run::advance() {
 
 // ---- workers ----
 
-WorkerId Run::join(std::string_view name, std::string_view group) {
+uint32_t Run::ranks_of_group(std::string_view group) const {
+  if (group.empty()) return 0;
+  for (const WorkerInfo& w : workers_) {
+    if (w.group == group && w.rank) return w.rank->world_size;
+  }
+  return 0;
+}
+
+Result<void> Run::check_rank(std::string_view group, const std::optional<GroupRank>& rank) const {
+  if (rank) {
+    if (rank->world_size == 0 || rank->world_size > (1u << 20)) {
+      return invalid_argument("world_size", "world_size: must be between 1 and 2^20, got " +
+                                                std::to_string(rank->world_size));
+    }
+    if (rank->rank >= rank->world_size) {
+      return invalid_argument("rank", "rank: " + std::to_string(rank->rank) +
+                                          " is not below world_size " +
+                                          std::to_string(rank->world_size));
+    }
+  }
+  if (config_.mode != ScheduleMode::kSteps || !rank) return {};
+  if (const uint32_t w = ranks_of_group(group); w != 0 && w != rank->world_size) {
+    return conflict("rank " + std::to_string(rank->rank) + " of group " + std::string(group) +
+                        " says the group has " + std::to_string(rank->world_size) +
+                        " ranks, but its other ranks registered with " + std::to_string(w) +
+                        ": every rank of a group gives the same world_size",
+                    error_reason::kWorldSizeMismatch);
+  }
+  return {};
+}
+
+WorkerId Run::join(std::string_view name, std::string_view group, std::optional<GroupRank> rank) {
+  if (rank && !group.empty() && group == group_ && group_ranks_ == 0) {
+    group_ranks_ = rank->world_size;
+  }
   auto it = worker_ids_.find(std::string(name));
   if (it != worker_ids_.end()) {
     WorkerInfo& w = workers_[it->second];
     w.last_seen = clock_.now();
     if (!group.empty()) w.group = std::string(group);  // (naming none keeps the one it had)
+    if (rank) w.rank = rank;
     if (!w.active) {
       w.active = true;
       emit(EventKind::kWorkerJoined, "worker " + w.name + " rejoined");
@@ -238,6 +283,7 @@ WorkerId Run::join(std::string_view name, std::string_view group) {
   WorkerInfo w;
   w.name = std::string(name);
   w.group = std::string(group);
+  w.rank = rank;
   w.joined_at = w.last_seen = clock_.now();
   workers_.push_back(std::move(w));
   worker_ids_.emplace(std::string(name), id);
@@ -337,6 +383,26 @@ Job Run::job_of(LeaseId id) const {
   out.set = e.plan.set;
   out.index = l.position;
   out.jobs_in_epoch = e.plan.end_job;
+  if (e.steps()) {
+    const StepLayout layout = layout_of(e);
+    const uint64_t slot = l.position - e.step_base;
+    out.step_mode = true;
+    out.rank = static_cast<uint32_t>(slot % e.ranks);
+    out.step = slot / e.ranks;
+    out.steps = layout.steps();
+    out.loss_scale = layout.loss_scale(out.step, out.rank);
+    out.positions = BatchSpan{0, 1};
+    std::vector<uint64_t> places;
+    layout.batch(out.step, out.rank, &places);
+    const EpochSegment segment(e.segment);
+    const SampleOrder order(
+        set_samples(e.plan.set), 1, config_.seed, e.plan.set,
+        config_.order == BatchOrder::kShuffled ? SampleShuffle::kEpoch : SampleShuffle::kNone);
+    out.samples.reserve(places.size());
+    for (uint64_t place : places)
+      out.samples.push_back(order.at(e.plan.epoch, segment.position(place)));
+    return out;
+  }
   out.positions = job_batches(e.set_batches, plan_.batches_per_job, l.position);
   if (auto trained = e.trained.find(l.position); trained != e.trained.end()) {
     TC_ASSERT(trained->second < out.positions.count);
@@ -346,7 +412,91 @@ Job Run::job_of(LeaseId id) const {
   return out;
 }
 
+uint64_t Run::set_samples(SetKind set) const {
+  return set == SetKind::kTrain ? config_.train_samples : config_.dev_samples;
+}
+
+StepLayout Run::layout_of(const Epoch& e) const {
+  return StepLayout(EpochSegment(e.segment).places(), config_.batch_size, e.ranks);
+}
+
+void Run::lay_out(Epoch& e, uint32_t ranks) {
+  TC_ASSERT(e.leased == 0 && ranks > 0);
+  if (!e.steps()) {
+    e.segment.clear();
+    if (const uint64_t n = set_samples(e.plan.set); n > 0) e.segment.push_back({0, n});
+  } else {
+    // What the layout before left: the batches given back (every active job is queued again:
+    // no lease lives) and the steps it never handed out, as runs of the epoch's positions.
+    TC_ASSERT(e.active.size() == e.requeue.size());
+    const StepLayout before = layout_of(e);
+    const EpochSegment segment(e.segment);
+    std::vector<uint64_t> places;
+    for (uint64_t job : e.requeue) {
+      const uint64_t slot = job - e.step_base;
+      before.batch(slot / e.ranks, static_cast<uint32_t>(slot % e.ranks), &places);
+    }
+    const uint64_t step = (e.cursor - e.step_base) / e.ranks;
+    const uint64_t rest = before.first_place_from(step, &places);
+    std::vector<PositionRun> runs;
+    segment.runs_of_places(rest, before.places(), &runs);
+    std::vector<uint64_t> positions;
+    positions.reserve(places.size());
+    for (uint64_t place : places) positions.push_back(segment.position(place));
+    for (const PositionRun& run : EpochSegment::runs_of(std::move(positions))) runs.push_back(run);
+    e.segment = EpochSegment::merged(std::move(runs));
+    e.active.clear();
+    e.requeue.clear();
+    e.trained.clear();
+  }
+  e.ranks = ranks;
+  e.step_base = e.plan.first_job + e.resolved();
+  e.cursor = e.step_base;
+  e.plan.end_job = e.step_base + layout_of(e).steps() * ranks;
+}
+
+// Step mode: the worker's rank takes its earliest batch given back, else its batch of the
+// next step never handed out (the step's other batches then wait, queued, for their ranks).
+bool Run::take_step_job(WorkerId worker, Job* out) {
+  const WorkerInfo& w = workers_[worker];
+  if (!w.rank || group_ranks_ == 0 || w.rank->world_size != group_ranks_) return false;
+  const uint32_t rank = w.rank->rank;
+  for (uint32_t slot : running_) {
+    Epoch& e = epochs_[slot];
+    if (e.ranks != group_ranks_) {
+      if (e.leased > 0) continue;
+      lay_out(e, group_ranks_);
+    }
+    auto mine = e.requeue.end();
+    for (auto it = e.requeue.begin(); it != e.requeue.end(); ++it) {
+      if ((*it - e.step_base) % e.ranks == rank && (mine == e.requeue.end() || *it < *mine)) {
+        mine = it;
+      }
+    }
+    uint64_t position;
+    if (mine != e.requeue.end()) {
+      position = *mine;
+      e.requeue.erase(mine);
+    } else if (e.cursor < e.plan.end_job) {
+      const uint64_t first = e.cursor;
+      e.cursor += e.ranks;
+      for (uint64_t p = first; p < e.cursor; ++p) {
+        if (p == first + rank) continue;
+        e.active[p];  // open, not handed out: queued for its rank
+        e.requeue.push_back(p);
+      }
+      position = first + rank;
+    } else {
+      continue;
+    }
+    *out = hand_out(worker, slot, position);
+    return true;
+  }
+  return false;
+}
+
 bool Run::take_open_job(WorkerId worker, Job* out) {
+  if (config_.mode == ScheduleMode::kSteps) return take_step_job(worker, out);
   const bool overlap = config_.seed_compat || config_.overlap_epochs;
   for (int pass = 0; pass < 2; ++pass) {
     for (uint32_t slot : running_) {
@@ -383,6 +533,16 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request, uint32_t max_jo
   if (!(*w)->active) {
     (*w)->active = true;
     emit(EventKind::kWorkerJoined, "worker " + (*w)->name + " rejoined");
+  }
+  if (config_.mode == ScheduleMode::kSteps && ((*w)->group.empty() || !(*w)->rank)) {
+    return failed_precondition(
+        "run " + config_.name +
+            " hands out steps (schedule.mode = \"steps\"): it is trained by a synchronous "
+            "group, each rank registering with its group, rank and world_size; worker " +
+            (*w)->name + " registered without " + ((*w)->group.empty() ? "a group" : "its rank") +
+            " (Phases does this in an initialised process group or under traincoord launch; a "
+            "worker of its own is a group of one: rank 0 of 1)",
+        error_reason::kRankRequired);
   }
   max_jobs = std::max<uint32_t>(max_jobs, 1);
   Acquired out;
@@ -790,6 +950,7 @@ void Run::take_over(std::string_view group, std::string target, uint64_t voided)
   group_ = std::string(group);
   generation_ += 1;
   restored_ = std::move(target);
+  group_ranks_ = ranks_of_group(group_);  // (0 until a rank of it registers)
   cuts_.drop_pending();
   emit(EventKind::kGroupStarted,
        "group " + group_ + " took over at generation " + std::to_string(generation_) +

@@ -22,6 +22,7 @@
 #include "core/rendezvous.h"
 #include "core/run_config.h"
 #include "core/run_progress.h"
+#include "core/step_plan.h"
 
 namespace traincoord {
 
@@ -35,6 +36,22 @@ struct Job {
   uint64_t index = 0;          // the job's place in its epoch: 0 .. jobs_in_epoch - 1
   uint64_t jobs_in_epoch = 0;  // jobs of a whole epoch of the set
   BatchSpan positions;         // positions in the epoch's order; Run::order_of maps them to batches
+  // Step mode (the epoch's `ranks` > 0): the job is rank `rank`'s batch of step `step` of
+  // `steps` (of the epoch's layout), its samples listed (sample indices of the set), and the
+  // factor its loss is scaled by so that the step's gradient is the mean over the step's
+  // samples under DDP's averaging: n_rank · W / n_step. `positions` is then one batch.
+  bool step_mode = false;
+  uint32_t rank = 0;
+  uint64_t step = 0;
+  uint64_t steps = 0;
+  double loss_scale = 1;
+  std::vector<uint64_t> samples;
+};
+
+// A rank of a synchronous group, as it registers.
+struct GroupRank {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
 };
 
 enum class AcquireStatus : uint8_t { kJob, kWait, kFinished };
@@ -84,6 +101,9 @@ struct WorkerInfo {
   // The group it registered with, last (empty: none). Its requests are fenced by this group,
   // whatever group they name or omit (Run::admit).
   std::string group;
+  // Its rank in that group and the group's world size, when it registered with them (a step-
+  // mode run hands it only its rank's batches).
+  std::optional<GroupRank> rank;
 };
 
 struct RunCounters {
@@ -176,7 +196,15 @@ class Run {
   // A worker joins (or rejoins) under a stable name; the same name gives the same id. `group`:
   // the group it registers with (empty: none), which from now on fences its requests (a later
   // registration under the same name replaces it). REQUIRES: join_group(group) succeeded.
-  WorkerId join(std::string_view name, std::string_view group = {});
+  WorkerId join(std::string_view name, std::string_view group = {},
+                std::optional<GroupRank> rank = std::nullopt);
+  // Whether a worker of `group` may register as `rank` (changing nothing): a rank is below
+  // the world size, which is at most 2^20 (invalid_argument), and in step mode every rank of
+  // a group gives the same world size (conflict, world_size_mismatch). (A step-mode run lets
+  // a worker register without a rank; its acquires are refused, rank_required.)
+  Result<void> check_rank(std::string_view group, const std::optional<GroupRank>& rank) const;
+  // The world size of the current group in step mode (0: none registered a rank yet).
+  uint32_t group_ranks() const { return group_ranks_; }
   // The worker leaves: its live leases are given back at once (not counted as failures).
   Result<void> leave(WorkerId worker);
 
@@ -294,6 +322,13 @@ class Run {
 
   Result<WorkerInfo*> worker_of(WorkerId worker);
   bool take_open_job(WorkerId worker, Job* out);
+  bool take_step_job(WorkerId worker, Job* out);
+  // Lays the epoch out in steps for `ranks` ranks: all of it, or what an earlier layout left
+  // (its jobs given back, and its steps never handed out). REQUIRES: no live lease in it.
+  void lay_out(Epoch& e, uint32_t ranks);
+  StepLayout layout_of(const Epoch& e) const;
+  uint64_t set_samples(SetKind set) const;
+  uint32_t ranks_of_group(std::string_view group) const;
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
   Job job_of(LeaseId id) const;
   bool open_next_epoch();
@@ -347,6 +382,7 @@ class Run {
   uint64_t generation_ = 0;              // + 1 for every group that took the run over
   std::deque<std::string> past_groups_;  // earlier groups, oldest first, at most kPastGroupsKept
   std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
+  uint32_t group_ranks_ = 0;             // step mode: the world size of group_ (0: unknown)
   CutLedger cuts_;                       // complete cuts, and the pending ones of group_
   Rendezvous rendezvous_;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace traincoord {
@@ -16,9 +17,40 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // launch agents. 6: the rendezvous keeps each node's secret hash, and the running round's layout
 // (each member's processes, the master's address and port) as it formed (format 5 is read: its
 // layout taken from the nodes present, and its nodes without a secret). 7: the group each worker
-// registered with (which fences its requests; before 7 every worker reads as ungrouped).
-constexpr uint32_t kFormat = 7;
+// registered with (which fences its requests; before 7 every worker reads as ungrouped). 8: step
+// mode: each epoch's layout (ranks, step base, segment), each worker's rank and world size, the
+// current group's world size (before 8 every epoch reads as a job-mode one).
+constexpr uint32_t kFormat = 8;
 constexpr uint32_t kOldestFormat = 2;
+
+// What a step-mode epoch's layout must be (empty: nothing wrong), checked before anything
+// builds a layout of it (which asserts).
+std::string step_layout_inconsistency(const RunConfig& config, const Epoch& e) {
+  if (e.ranks == 0) return e.segment.empty() ? "" : " has a segment but no layout";
+  if (config.mode != ScheduleMode::kSteps || config.batch_size == 0) {
+    return " is laid out in steps, but the run hands out jobs";
+  }
+  if (e.ranks > (1u << 20)) return " is laid out for more than 2^20 ranks";
+  const uint64_t samples =
+      e.plan.set == SetKind::kTrain ? config.train_samples : config.dev_samples;
+  uint64_t end = 0;
+  for (const PositionRun& run : e.segment) {
+    if (run.count == 0 || run.first < end || run.first > samples ||
+        run.count > samples - run.first || (end > 0 && run.first == end)) {
+      return " has a segment whose runs are not ascending within its set";
+    }
+    end = run.first + run.count;
+  }
+  if (e.step_base < e.plan.first_job || e.step_base > e.cursor ||
+      (e.cursor - e.step_base) % e.ranks != 0) {
+    return " has its step base or cursor off its steps";
+  }
+  const StepLayout layout(EpochSegment(e.segment).places(), config.batch_size, e.ranks);
+  if (e.plan.end_job - e.step_base != layout.steps() * e.ranks) {
+    return " has another number of jobs than its steps";
+  }
+  return "";
+}
 
 class Writer {
  public:
@@ -397,6 +429,9 @@ std::string RunCodec::inconsistency(const Run& run) {
     if (e.cursor < e.plan.first_job || e.cursor > e.plan.end_job) {
       return epoch + " has its cursor outside its jobs";
     }
+    if (std::string broken = step_layout_inconsistency(run.config_, e); !broken.empty()) {
+      return epoch + broken;
+    }
     for (uint64_t position : e.requeue) {
       if (!in_plan(position)) return epoch + " requeues a job outside its jobs";
     }
@@ -586,6 +621,26 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   w.str(rdzv.last_end_);
   // (6) Each worker's group, in the workers' order.
   for (const WorkerInfo& wi : run.workers_) w.str(wi.group);
+  // (8) Each worker's rank and world size (0: none), the current group's world size.
+  for (const WorkerInfo& wi : run.workers_) {
+    w.u64(wi.rank ? wi.rank->world_size : 0);
+    w.u64(wi.rank ? wi.rank->rank : 0);
+  }
+  w.u64(run.group_ranks_);
+  // (8) The step layout of each epoch: the run's, then those of each cut's saved progress.
+  auto save_layouts = [&](const std::vector<Epoch>& epochs) {
+    for (const Epoch& e : epochs) {
+      w.u64(e.ranks);
+      w.u64(e.step_base);
+      w.u64(e.segment.size());
+      for (const PositionRun& run : e.segment) {
+        w.u64(run.first);
+        w.u64(run.count);
+      }
+    }
+  };
+  save_layouts(run.epochs_);
+  for (const Cut& cut : run.cuts_.cuts_) save_layouts(cut.saved.epochs);
   return w.take();
 }
 
@@ -765,6 +820,37 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     // Before 7 no worker's group was kept: each reads as ungrouped, judged by the group its
     // requests name, as it then was.
     for (WorkerInfo& wi : run->workers_) wi.group = r.str();
+  }
+  if (format >= 8) {
+    for (WorkerInfo& wi : run->workers_) {
+      const uint64_t world_size = r.u64();
+      const uint64_t rank = r.u64();
+      if (world_size > 0) {
+        wi.rank = GroupRank{static_cast<uint32_t>(rank), static_cast<uint32_t>(world_size)};
+      }
+    }
+    run->group_ranks_ = static_cast<uint32_t>(r.u64());
+    auto load_layouts = [&](std::vector<Epoch>& epochs) {
+      for (Epoch& e : epochs) {
+        e.ranks = static_cast<uint32_t>(r.u64());
+        e.step_base = r.u64();
+        for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+          PositionRun run;
+          run.first = r.u64();
+          run.count = r.u64();
+          e.segment.push_back(run);
+        }
+      }
+    };
+    load_layouts(run->epochs_);
+    for (Cut& cut : run->cuts_.cuts_) {
+      load_layouts(cut.saved.epochs);
+      for (const Epoch& e : cut.saved.epochs) {
+        if (std::string broken = step_layout_inconsistency(run->config_, e); !broken.empty()) {
+          return corrupt("inconsistent: an epoch of cut " + std::to_string(cut.id) + broken);
+        }
+      }
+    }
   }
   if (!r.ok() || !slots_ok) return corrupt("truncated or inconsistent");
   if (!r.at_end()) return corrupt("trailing bytes");

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "core/plan.h"
 #include "core/user_text.h"
@@ -29,6 +30,13 @@ std::string_view job_failure_policy_name(JobFailurePolicy policy) {
 }
 std::optional<JobFailurePolicy> parse_job_failure_policy(std::string_view name) {
   return parse_enum<JobFailurePolicy>(kJobFailurePolicyNames, name);
+}
+
+std::string_view schedule_mode_name(ScheduleMode mode) {
+  return enum_name(kScheduleModeNames, mode);
+}
+std::optional<ScheduleMode> parse_schedule_mode(std::string_view name) {
+  return parse_enum<ScheduleMode>(kScheduleModeNames, name);
 }
 
 std::string_view early_stop_kind_name(EarlyStopKind kind) {
@@ -116,6 +124,48 @@ Result<void> validate(const RunConfig& c) {
                        "must be between -1000000 and 1000000");
       !r)
     return r;
+
+  if (c.mode == ScheduleMode::kSteps) {
+    const char* why = "schedule.mode = \"steps\" hands out one batch per rank per step";
+    if (auto r = require(c.batch_size >= 1, "data.batch_size",
+                         std::string(why) + ": give the batch size (samples per batch)");
+        !r)
+      return r;
+    for (auto [samples, batches, field] :
+         {std::tuple{c.train_samples, c.train_batches, "data.train_samples"},
+          std::tuple{c.dev_samples, c.dev_batches, "data.dev_samples"}}) {
+      if (batches == 0 && samples == 0) continue;
+      if (auto r =
+              require(samples >= 1, field, std::string(why) + ": give the set's size in samples");
+          !r)
+        return r;
+      if (auto r = require((samples + c.batch_size - 1) / c.batch_size == batches, field,
+                           std::to_string(samples) + " samples in batches of " +
+                               std::to_string(c.batch_size) + " make " +
+                               std::to_string((samples + c.batch_size - 1) / c.batch_size) +
+                               " batches, not " + std::to_string(batches));
+          !r)
+        return r;
+    }
+    if (auto r = require(
+            c.gpus_per_worker == 1 && c.iters_per_worker <= 1 && c.replicas_to_agg <= 1,
+            "schedule.gpus_per_worker",
+            std::string(why) + ": gpus_per_worker, iters_per_worker and replicas_to_agg must be 1");
+        !r)
+      return r;
+    if (auto r = require(!c.seed_compat, "schedule.seed_compat",
+                         std::string(why) + ", which the original coordinator did not");
+        !r)
+      return r;
+    if (auto r = require(!c.overlap_epochs, "schedule.overlap_epochs",
+                         std::string(why) + ": every rank moves to the next epoch together");
+        !r)
+      return r;
+    if (auto r = require(c.start_step == 0, "schedule.start_step",
+                         std::string(why) + ": resume it from a checkpoint cut instead");
+        !r)
+      return r;
+  }
 
   const EarlyStopConfig& es = c.early_stop;
   if (es.kind != EarlyStopKind::kNone) {

@@ -27,6 +27,15 @@ inline constexpr std::array<std::string_view, 2> kJobFailurePolicyNames = {"fail
 std::string_view job_failure_policy_name(JobFailurePolicy policy);
 std::optional<JobFailurePolicy> parse_job_failure_policy(std::string_view name);
 
+// How a run hands its epochs out (config key schedule.mode): as jobs to whichever worker asks
+// (independent workers; the original coordinator's semantics), or as steps to a synchronous
+// group (DDP, FSDP): one batch per rank per step, every rank the same number of steps
+// (core/step_plan.h; docs/SEMANTICS.md, "Step mode").
+enum class ScheduleMode { kJobs, kSteps };
+inline constexpr std::array<std::string_view, 2> kScheduleModeNames = {"jobs", "steps"};
+std::string_view schedule_mode_name(ScheduleMode mode);
+std::optional<ScheduleMode> parse_schedule_mode(std::string_view name);
+
 // The early-stop rule (config key early_stop.rule).
 enum class EarlyStopKind { kNone, kWindow, kPatience };
 inline constexpr std::array<std::string_view, 3> kEarlyStopKindNames = {"none", "window",
@@ -90,6 +99,10 @@ struct RunConfig {
 
   bool seed_compat = false;     // reproduce the original coordinator exactly
   bool overlap_epochs = false;  // start the next epoch while stragglers finish
+  // Steps need the sizes in samples and the batch size, one batch per job (G = I = R = 1),
+  // and the default semantics (no seed_compat, no overlap, no start_step: a step-mode run
+  // resumes from its cuts).
+  ScheduleMode mode = ScheduleMode::kJobs;
 
   int64_t lease_timeout_ms = 60'000;
   int max_attempts = 3;

@@ -16,6 +16,7 @@
 #include "core/clock.h"
 #include "core/early_stop.h"
 #include "core/plan.h"
+#include "core/step_plan.h"
 
 namespace traincoord {
 
@@ -94,6 +95,18 @@ struct Epoch {
   // (and in the aggregates above). A hand-out of such a job covers only the batches after them.
   // Only active jobs have an entry.
   std::map<uint64_t, uint64_t> trained;
+
+  // Step mode (schedule.mode = "steps"): the epoch's jobs are the batches of its steps, one
+  // per rank per step (core/step_plan.h, StepLayout). `ranks` = 0: not laid out yet (the
+  // group's world size is not known), or a job-mode epoch. The jobs [step_base, end_job) are
+  // the layout's batches, job step_base + k·W + r being rank r's batch of step k; the jobs
+  // before step_base were resolved under an earlier layout (a restore at another world size
+  // lays out what was left). `segment`: the positions of the epoch's sample order the layout
+  // covers (empty: all of them).
+  uint32_t ranks = 0;
+  uint64_t step_base = 0;
+  std::vector<PositionRun> segment;
+  bool steps() const { return ranks > 0; }
 };
 
 // The part of a run's state a cut saves and a restore puts back: what was trained (epochs and

@@ -417,4 +417,121 @@ StepPlan plan_rest_of_epoch(const StepPlanConfig& config, uint64_t samples,
   return plan(config, samples, lengths, epoch, untrained, false);
 }
 
+StepLayout::StepLayout(uint64_t m, uint64_t b, uint32_t w) : m_(m), b_(b), w_(w) {
+  TC_ASSERT(b >= 1 && w >= 1);
+  const uint64_t per_step = uint64_t{w} * b;
+  const uint64_t raw = (m + per_step - 1) / per_step;  // steps before the tail is evened out
+  if (raw == 0) return;
+  // The tail: the last two raw steps (or the one there is). Evening out takes from the step
+  // before the last only (with B >= 2 it always has a donor; with B == 1 the last step joins
+  // it), so a layout of those two alone is the whole plan's end.
+  regular_ = raw >= 2 ? raw - 2 : 0;
+  std::vector<uint64_t> places;
+  for (uint64_t p = regular_ * per_step; p < m; ++p) places.push_back(p);
+  StepPlanConfig config;
+  config.ranks = w;
+  config.batch_size = b;
+  StepPlan tail;
+  plan_fixed(config, places, &tail);
+  even_out_tail(&tail.steps);
+  tail_ = std::move(tail.steps);
+  steps_ = regular_ + tail_.size();
+}
+
+void StepLayout::batch(uint64_t step, uint32_t rank, std::vector<uint64_t>* out) const {
+  TC_ASSERT(step < steps_ && rank < w_);
+  if (step < regular_) {
+    const uint64_t first = (step * w_ + rank) * b_;
+    for (uint64_t p = first; p < first + b_; ++p) out->push_back(p);
+    return;
+  }
+  const RankBatch& batch = tail_[step - regular_].batches[rank];
+  out->insert(out->end(), batch.samples.begin(), batch.samples.end());
+}
+
+uint64_t StepLayout::step_samples(uint64_t step) const {
+  TC_ASSERT(step < steps_);
+  return step < regular_ ? uint64_t{w_} * b_ : tail_[step - regular_].samples();
+}
+
+double StepLayout::loss_scale(uint64_t step, uint32_t rank) const {
+  const uint64_t n = step < regular_ ? b_ : tail_[step - regular_].batches[rank].samples.size();
+  return n == 0 ? 0.0
+                : static_cast<double>(n) * static_cast<double>(w_) /
+                      static_cast<double>(step_samples(step));
+}
+
+uint64_t StepLayout::first_place_from(uint64_t step, std::vector<uint64_t>* listed) const {
+  if (step <= regular_) return std::min(m_, step * w_ * b_);
+  for (; step < steps_; ++step) {
+    for (const RankBatch& batch : tail_[step - regular_].batches) {
+      listed->insert(listed->end(), batch.samples.begin(), batch.samples.end());
+    }
+  }
+  return m_;
+}
+
+EpochSegment::EpochSegment(std::vector<PositionRun> runs) : runs_(std::move(runs)) {
+  starts_.reserve(runs_.size());
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    TC_ASSERT(runs_[i].count > 0);
+    TC_ASSERT(i == 0 || runs_[i - 1].first + runs_[i - 1].count < runs_[i].first);
+    starts_.push_back(places_);
+    places_ += runs_[i].count;
+  }
+}
+
+uint64_t EpochSegment::position(uint64_t place) const {
+  TC_ASSERT(place < places_);
+  const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), place) -
+                                       starts_.begin()) -
+                   1;
+  return runs_[i].first + (place - starts_[i]);
+}
+
+void EpochSegment::runs_of_places(uint64_t first, uint64_t end,
+                                  std::vector<PositionRun>* out) const {
+  TC_ASSERT(first <= end && end <= places_);
+  if (first == end) return;
+  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), first) -
+                                 starts_.begin()) -
+             1;
+  for (uint64_t place = first; place < end; ++i) {
+    const uint64_t skip = place - starts_[i];
+    const uint64_t count = std::min(runs_[i].count - skip, end - place);
+    out->push_back({runs_[i].first + skip, count});
+    place += count;
+  }
+}
+
+std::vector<PositionRun> EpochSegment::merged(std::vector<PositionRun> runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const PositionRun& a, const PositionRun& b) { return a.first < b.first; });
+  std::vector<PositionRun> out;
+  for (const PositionRun& run : runs) {
+    if (run.count == 0) continue;
+    if (!out.empty()) TC_ASSERT(out.back().first + out.back().count <= run.first);
+    if (!out.empty() && out.back().first + out.back().count == run.first) {
+      out.back().count += run.count;
+    } else {
+      out.push_back(run);
+    }
+  }
+  return out;
+}
+
+std::vector<PositionRun> EpochSegment::runs_of(std::vector<uint64_t> positions) {
+  std::sort(positions.begin(), positions.end());
+  std::vector<PositionRun> runs;
+  for (uint64_t p : positions) {
+    TC_ASSERT(runs.empty() || runs.back().first + runs.back().count <= p);
+    if (!runs.empty() && runs.back().first + runs.back().count == p) {
+      runs.back().count += 1;
+    } else {
+      runs.push_back({p, 1});
+    }
+  }
+  return runs;
+}
+
 }  // namespace traincoord

@@ -138,4 +138,66 @@ StepPlan plan_rest_of_epoch(const StepPlanConfig& config, uint64_t samples,
                             std::span<const double> lengths, int64_t epoch,
                             std::span<const uint64_t> untrained);
 
+// ---- the steps a run hands out (fixed batch size; core/run.h, step mode) ----
+
+// A run in step mode never holds a plan: an epoch's steps are a pure function of how many
+// samples are left to lay out (m), the batch size (B) and the group's ranks (W), computed per
+// batch handed out. The m samples are *places* 0 … m−1 (the epoch's seeded order, or the rest
+// of it after a restore at another world size: EpochSegment maps places to positions of that
+// order). The layout is plan_fixed's, tail evened out as plan_epoch_steps does:
+// step k < steps() − 2 holds places [(k·W + r)·B, +B) for rank r; only the last two steps are
+// computed whole (O(W·B)), so a hand-out costs O(B) but near the epoch's end.
+class StepLayout {
+ public:
+  // REQUIRES: b >= 1, w >= 1.
+  StepLayout(uint64_t m, uint64_t b, uint32_t w);
+  uint64_t places() const { return m_; }
+  uint32_t ranks() const { return w_; }
+  uint64_t steps() const { return steps_; }
+  // Appends the places of rank `rank`'s batch of step `step`. REQUIRES: step < steps().
+  void batch(uint64_t step, uint32_t rank, std::vector<uint64_t>* out) const;
+  // The samples of step `step`, all ranks together.
+  uint64_t step_samples(uint64_t step) const;
+  // n_rank · W / n_step of that batch (0 for an empty one).
+  double loss_scale(uint64_t step, uint32_t rank) const;
+  // The places of the steps from `step` on: returns p such that they are [p, places()) and
+  // the places appended to `listed` (those of steps in the evened-out tail, when `step` is
+  // one of them; then p = places()).
+  uint64_t first_place_from(uint64_t step, std::vector<uint64_t>* listed) const;
+
+ private:
+  uint64_t m_, b_;
+  uint32_t w_;
+  uint64_t steps_ = 0;
+  uint64_t regular_ = 0;    // steps [0, regular_) are full and untouched by the tail
+  std::vector<Step> tail_;  // the steps from regular_ on, places and all
+};
+
+// Which positions of an epoch's order a layout's places stand for: ascending, disjoint,
+// non-adjacent runs (the whole epoch: one run).
+struct PositionRun {
+  uint64_t first = 0;
+  uint64_t count = 0;
+};
+class EpochSegment {
+ public:
+  EpochSegment() = default;
+  explicit EpochSegment(std::vector<PositionRun> runs);
+  const std::vector<PositionRun>& runs() const { return runs_; }
+  uint64_t places() const { return places_; }
+  // The position of place `place`. REQUIRES: place < places().
+  uint64_t position(uint64_t place) const;
+  // Appends the positions of places [first, end) as runs. REQUIRES: first <= end <= places().
+  void runs_of_places(uint64_t first, uint64_t end, std::vector<PositionRun>* out) const;
+  // Positions (any order, each once) as ascending, merged runs.
+  static std::vector<PositionRun> runs_of(std::vector<uint64_t> positions);
+  // Disjoint runs in any order, sorted and merged where they touch.
+  static std::vector<PositionRun> merged(std::vector<PositionRun> runs);
+
+ private:
+  std::vector<PositionRun> runs_;
+  std::vector<uint64_t> starts_;  // the place of each run's first position
+  uint64_t places_ = 0;
+};
+
 }  // namespace traincoord

@@ -255,8 +255,10 @@ Result<uint64_t> read_jobs(Fields& body) {
 
 void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
   std::vector<uint64_t> batches;
-  batches.reserve(job.positions.count);
-  run.batches_of(job, &batches);
+  if (!job.step_mode) {
+    batches.reserve(job.positions.count);
+    run.batches_of(job, &batches);
+  }
   j.begin_object();
   j.field("lease", job.lease);
   j.field("attempt", job.attempt);
@@ -267,6 +269,15 @@ void write_job(JsonWriter& j, const Run& run, const Job& job, TimeMs now) {
   j.key("batches").begin_array();
   for (uint64_t b : batches) j.value(b);
   j.end_array();
+  if (job.step_mode) {  // (its batch is the samples listed, not a batch of the set)
+    j.field("rank", static_cast<uint64_t>(job.rank));
+    j.field("step", job.step);
+    j.field("steps", job.steps);
+    j.field("loss_scale", job.loss_scale);
+    j.key("samples").begin_array();
+    for (uint64_t s : job.samples) j.value(s);
+    j.end_array();
+  }
   j.field("lease_expires_in_ms", job.deadline - now);
   j.end_object();
 }
@@ -364,6 +375,7 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   if (c.dev_samples > 0) j.field("dev_samples", c.dev_samples);
   j.field("order", batch_order_name(c.order));
   j.field("seed", c.seed);
+  j.field("mode", schedule_mode_name(c.mode));
   j.field("epochs", c.epochs);
   j.field("validation_every", c.validation_every);
   j.field("gpus_per_worker", c.gpus_per_worker);
@@ -1489,7 +1501,21 @@ Api::Request::Reply Api::Request::cancel(Request& r) {
 Api::Request::Reply Api::Request::register_worker(Request& r) {
   TC_TRY_ASSIGN(name, r.body->string("name", std::nullopt, 128));
   TC_TRY_ASSIGN(group, r.body->string("group", std::string(), kMaxGroupBytes));
+  // A rank of a synchronous group: both or neither.
+  std::optional<GroupRank> rank;
+  if (r.body->has("rank") || r.body->has("world_size")) {
+    if (!r.body->has("world_size")) {
+      return error_reply(400, "invalid_argument", "world_size: give it with rank", "world_size");
+    }
+    if (!r.body->has("rank")) {
+      return error_reply(400, "invalid_argument", "rank: give it with world_size", "rank");
+    }
+    TC_TRY_ASSIGN(rank_value, r.body->uint("rank", uint64_t{0}, UINT32_MAX));
+    TC_TRY_ASSIGN(world_size, r.body->uint("world_size", uint64_t{1}, UINT32_MAX));
+    rank = GroupRank{static_cast<uint32_t>(rank_value), static_cast<uint32_t>(world_size)};
+  }
   TC_TRY_REPLY(r.body->no_unknown_fields());
+  TC_TRY_REPLY(r.run->check_rank(group, rank));
   if (!r.run->has_worker(name) && r.run->workers().size() >= r.api.limits_.max_workers_per_run) {
     return error_reply(409, "limit",
                        "run " + r.run->config().name + " has " +
@@ -1503,13 +1529,14 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
   }
   // The group first: a refused one (stale) registers nothing.
   TC_TRY_ASSIGN(group_state, r.run->join_group(group));
-  const WorkerId id = r.run->join(name, group);
+  const WorkerId id = r.run->join(name, group, rank);
   JsonWriter j;
   j.begin_object();
   j.field("worker", id).field("name", name).field("run", r.run->config().name);
   j.field("lease_timeout_ms", r.run->config().lease_timeout_ms);
   j.field("heartbeat_interval_ms", std::max<TimeMs>(1, r.run->config().lease_timeout_ms / 3));
   j.field("generation", r.run->generation());
+  j.field("mode", schedule_mode_name(r.run->config().mode));
   if (!group.empty()) {
     j.field("group", group);
     j.field("group_state", group_state == GroupState::kCurrent ? "current" : "restore_required");

@@ -1,0 +1,119 @@
+"""Step mode (docs/PYTHON.md "DDP in step mode", docs/SEMANTICS.md "Step mode"): the loop of
+the docs, without join(), run as printed on 2 and 3 DDP ranks (gloo, real DataLoaders with 2
+loader workers) finishes every epoch with every sample trained once; the loss scale makes the
+ranks' averaged gradient the one of a single process over the step's samples; a rank without
+its rank is refused."""
+
+import json
+import urllib.request
+
+import pytest
+
+import traincoord
+from test_ddp_snippet import EPILOGUE, PRELUDE, run_ranks, snippet
+
+# 404 train samples in batches of 32 (13 batches): for 2 ranks 7 steps, the last short; for 3
+# ranks 5 steps, the last splitting 20 samples 7/7/6. 70 dev samples.
+STEPS_TOML = """
+name = "steps"
+[data]
+train_samples = 404
+dev_samples = 70
+batch_size = 32
+seed = 11
+[schedule]
+mode = "steps"
+epochs = 3
+validation_every = 1
+[leases]
+timeout = 5.0
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_step_mode_loop_of_the_docs_trains_every_sample_once_without_join(
+        serve_toml, tmp_path, ranks):
+    code = snippet("PYTHON.md", "### DDP in step mode")
+    assert "join(" not in code and "phase.loss_scale" in code
+    server = serve_toml(STEPS_TOML)
+    finished, outputs, seen = run_ranks(server, PRELUDE + code + EPILOGUE, tmp_path,
+                                        timeout=150, ranks=ranks, run="steps")
+    assert finished, "\n---\n".join(outputs)
+    trained = sorted(sum(seen, []))
+    assert trained == sorted(list(range(404)) * 3), [len(s) for s in seen]
+    # Every rank trained the same number of batches (steps) in every epoch: 3 epochs of
+    # ceil(404 / (32 * ranks)) steps.
+    steps = -(-404 // (32 * ranks))
+    with urllib.request.urlopen(f"{server.url}/v1/runs/steps", timeout=20) as reply:
+        status = json.load(reply)
+    assert status["state"] == "completed", status["state"]
+    train = [e for e in status["epochs"] if e["set"] == "train"]
+    assert [e["done"] for e in train] == [steps * ranks] * 3
+
+
+def test_the_loss_scale_gives_the_gradient_of_one_process_over_the_step(serve_toml):
+    """The last step of 404 samples over 3 ranks splits 20 samples 7/7/6: each rank's gradient
+    of its batch's mean loss times loss_scale, averaged over the ranks as DDP does, is the
+    gradient of the mean loss over the step's 20 samples."""
+    torch = pytest.importorskip("torch")
+    server = serve_toml(STEPS_TOML)
+    runs = []
+    for rank in range(3):
+        run = traincoord.Run(server.url, "steps", worker=f"r{rank}", group="g1")
+        run.set_rank(rank, 3)
+        runs.append(run)
+    try:
+        last = []
+        for rank, run in enumerate(runs):
+            jobs = [run.next_job() for _ in range(5)]
+            assert [j.step for j in jobs] == [0, 1, 2, 3, 4] and {j.steps for j in jobs} == {5}
+            assert all(j.rank == rank and j.batches == [] for j in jobs)
+            last.append(jobs[-1])
+        sizes = [len(j.samples) for j in last]
+        assert sorted(sizes) == [6, 7, 7], sizes
+        assert sum(j.loss_scale for j in last) == pytest.approx(3.0)
+
+        torch.manual_seed(0)
+        xs = torch.randn(404, 4, dtype=torch.float64)
+        ys = torch.randn(404, 1, dtype=torch.float64)
+        model = torch.nn.Linear(4, 1).double()
+
+        def grad(loss):
+            model.zero_grad()
+            loss.backward()
+            return torch.cat([p.grad.flatten().clone() for p in model.parameters()])
+
+        mse = torch.nn.MSELoss()
+        per_rank = [grad(mse(model(xs[j.samples]), ys[j.samples]) * j.loss_scale) for j in last]
+        ddp = sum(per_rank) / 3  # DDP averages the ranks' gradients
+        everything = sum((j.samples for j in last), [])
+        reference = grad(mse(model(xs[everything]), ys[everything]))
+        assert torch.allclose(ddp, reference, rtol=1e-12, atol=1e-12), (ddp, reference)
+        # Without the scale the average is off (the 6-sample batch counts as much as a 7).
+        plain = sum(grad(mse(model(xs[j.samples]), ys[j.samples])) for j in last) / 3
+        assert not torch.allclose(plain, reference, rtol=1e-9, atol=1e-9)
+    finally:
+        for run in runs:
+            run.close()
+
+
+def test_a_worker_without_its_rank_is_refused_and_told_how(serve_toml):
+    server = serve_toml(STEPS_TOML)
+    run = traincoord.Run(server.url, "steps", worker="alone")
+    try:
+        with pytest.raises(traincoord.CoordinatorError) as refused:
+            run.next_job(wait=False)
+        assert refused.value.code == "rank_required"
+        assert "rank" in str(refused.value) and "world_size" in str(refused.value)
+        run.set_group("g1")
+        run.set_rank(0, 2)
+        other = traincoord.Run(server.url, "steps", worker="other", group="g1")
+        try:
+            with pytest.raises(traincoord.CoordinatorError) as mismatch:
+                other.set_rank(1, 3)
+            assert mismatch.value.code == "world_size_mismatch"
+        finally:
+            other.close()
+        assert run.next_job().rank == 0
+    finally:
+        run.close()
