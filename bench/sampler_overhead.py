@@ -6,13 +6,16 @@ for E epochs on N ranks (DDP over gloo when N > 1), three ways, alternating, R r
   1. DistributedSampler (shuffled every epoch with set_epoch);
   2. traincoord, 1 batch per job;
   3. traincoord, 8 batches per job;
+  4. traincoord in step mode (schedule.mode = "steps": one batch per rank per step, no join(),
+     the loss scaled by phase.loss_scale);
 
-both traincoord ways with a real coordinator (`traincoord serve --in-memory` on loopback),
+the traincoord ways with a real coordinator (`traincoord serve --in-memory` on loopback),
 per-epoch sample shuffling and the default prefetch. An epoch's time is the slowest rank's.
-Prints the best of R per way, per epoch, and its ratio to (1).
+Prints the best of R per way, per epoch, and its ratio to (1). --step-ms S adds S ms of sleep
+after each optimizer step: the time a GPU step takes off the CPU, as the host sees it.
 
     /usr/bin/python3 bench/sampler_overhead.py [--ranks 1] [--epochs 10] [--rounds 3]
-        [--prefetch 4]
+        [--prefetch 4] [--step-ms 0]
 """
 
 import argparse
@@ -59,11 +62,13 @@ def rank_main(args):
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    def train_step(x, y):
+    def train_step(x, y, scale=1.0):
         optimizer.zero_grad()
         loss = loss_fn(ddp(x), y)
-        loss.backward()
+        (loss * scale).backward() if scale != 1.0 else loss.backward()
         optimizer.step()
+        if args.step_ms > 0:
+            time.sleep(args.step_ms / 1000)
         return loss
 
     if world > 1:
@@ -87,7 +92,10 @@ def rank_main(args):
         phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV},
                                          prefetch=args.prefetch)
         for phase in phases:
-            if phase.set == "train":
+            if phase.set == "train" and args.way == "steps":  # every rank: the same steps
+                for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
+                    phase.report(train_step(x, y, phase.loss_scale).item())
+            elif phase.set == "train":
                 join = (ddp.join(divide_by_initial_world_size=False) if world > 1
                         else contextlib.nullcontext())
                 with join:
@@ -113,7 +121,8 @@ def run_way(args, way, url="", run=""):
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--rank-of", way, "--url", url, "--run", run,
-             "--epochs", str(args.epochs), "--prefetch", str(args.prefetch)],
+             "--epochs", str(args.epochs), "--prefetch", str(args.prefetch),
+             "--step-ms", str(args.step_ms)],
             env=env, stdout=subprocess.PIPE, text=True))
     times = []
     try:
@@ -135,6 +144,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--step-ms", type=float, default=0.0)
     parser.add_argument("--traincoord", default=str(REPO / "build" / "traincoord"))
     parser.add_argument("--rank-of", dest="way", default="", help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
@@ -145,7 +155,7 @@ def main():
 
     from train import DEV, TRAIN
     ways = {"sampler": ("DistributedSampler", 0), "tc1": ("traincoord, 1 batch/job", 1),
-            "tc8": ("traincoord, 8 batches/job", 8)}
+            "tc8": ("traincoord, 8 batches/job", 8), "steps": ("traincoord, step mode", 1)}
     times = {way: [] for way in ways}
     with tempfile.TemporaryDirectory() as tmp:
         configs = []
@@ -157,7 +167,8 @@ def main():
                 path.write_text(f'name = "{way}-{r}"\n[data]\ntrain_samples = {TRAIN}\n'
                                 f'dev_samples = {DEV}\nbatch_size = 32\nseed = 1\n'
                                 f'[schedule]\nepochs = {args.epochs}\n'
-                                f'iters_per_worker = {per_job}\n')
+                                f'iters_per_worker = {per_job}\n' +
+                                ('mode = "steps"\n' if way == "steps" else ''))
                 configs += ["--config", str(path)]
         server = subprocess.Popen([args.traincoord, "serve", *configs, "--in-memory", "--listen",
                                    "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
@@ -175,7 +186,8 @@ def main():
             server.wait()
     base = min(times["sampler"]) / args.epochs
     print(f"digits, {args.epochs} epochs (train + dev), batch 32, {args.ranks} rank(s), prefetch "
-          f"{args.prefetch}; best of {args.rounds}, per epoch:")
+          f"{args.prefetch}, {args.step_ms:g} ms off-CPU per step; best of {args.rounds}, per "
+          f"epoch:")
     for way, (label, _) in ways.items():
         per_epoch = min(times[way]) / args.epochs
         print(f"  {label:28s} {per_epoch * 1000:8.1f} ms   {per_epoch / base:5.2f}x")

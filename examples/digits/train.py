@@ -121,9 +121,10 @@ def main():
         if phase.set == "train":
             doomed = rank == 1 and phase.epoch == args.die_at_epoch and first_start
             ddp.train()
-            # DDP's join: ranks that run out of jobs first shadow the others' all-reduces.
-            join = (ddp.join(divide_by_initial_world_size=False) if distributed
-                    else contextlib.nullcontext())
+            # Step mode (the demo's config): every rank gets the same steps. In job mode, DDP's
+            # join: ranks that run out of jobs first shadow the others' all-reduces.
+            join = (ddp.join(divide_by_initial_world_size=False)
+                    if distributed and not phases.steps else contextlib.nullcontext())
             with join:
                 loader = torch.utils.data.DataLoader(train_set, batch_sampler=phase, **options)
                 for step, (x, y, i) in enumerate(loader):
@@ -131,7 +132,7 @@ def main():
                         os.kill(os.getpid(), signal.SIGKILL)
                     optimizer.zero_grad()
                     loss = loss_fn(ddp(x), y)
-                    loss.backward()
+                    (loss * phase.loss_scale).backward()  # the step's mean over its samples
                     optimizer.step()
                     mine[phase.epoch, i] += 1
                     phase.report(loss.item())  # after the step: this batch is trained

@@ -24,14 +24,18 @@ def test_the_digits_demo_trains_every_batch_once_and_learns(tmp_path):
     assert (tmp_path / "best.pt").exists()
 
     db = sqlite3.connect(f"file:{data}/traincoord.db?mode=ro", uri=True)
-    # Every train job (one batch each) of every epoch completed exactly once: 45 per epoch.
-    rows = db.execute("SELECT epoch, job, count(*) FROM completions "
+    # Every train job of every epoch completed exactly once. The demo runs in step mode: 1,437
+    # samples over 2 ranks at 32 a batch are 23 steps, 46 jobs (one batch each) an epoch, and
+    # their samples are the whole set.
+    rows = db.execute("SELECT epoch, job, count(*), sum(samples) FROM completions "
                       "WHERE set_name = 'train' GROUP BY epoch, job").fetchall()
-    assert all(count == 1 for _, _, count in rows)
-    by_epoch = {}
-    for epoch, job, _ in rows:
+    assert all(count == 1 for _, _, count, _ in rows)
+    by_epoch, samples = {}, {}
+    for epoch, job, _, n in rows:
         by_epoch.setdefault(epoch, set()).add(job)
-    assert by_epoch == {e: set(range(45)) for e in range(4)}
+        samples[epoch] = samples.get(epoch, 0) + n
+    assert by_epoch == {e: set(range(46)) for e in range(4)}
+    assert samples == {e: 1437 for e in range(4)}
     # Both ranks trained (dynamic sharding, not one rank doing everything).
     workers = {w for (w,) in db.execute("SELECT DISTINCT worker FROM completions")}
     assert workers == {"rank0", "rank1"}
