@@ -1,5 +1,7 @@
-// `traincoord launch`: a coordinator in-process on a free loopback port, and N worker processes
-// pointed at it; what torchrun's standalone mode is for torch, for us.
+// `traincoord launch`: a coordinator in-process on a free loopback port (or the one at --url), and
+// N worker processes pointed at it; what torchrun's standalone mode is for torch, for us. What the
+// node's agent decides is in launch_agent.h (a pure state machine); this file performs it: the
+// rendezvous requests, the ranks' processes and output, the waits for a signal.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
