@@ -1,5 +1,7 @@
-// `traincoord launch`: a coordinator in-process on a free loopback port, and N worker processes
-// pointed at it; what torchrun's standalone mode is for torch, for us.
+// `traincoord launch`: a coordinator in-process on a free loopback port (or the one at --url), and
+// N worker processes pointed at it; what torchrun's standalone mode is for torch, for us. What the
+// node's agent decides is in launch_agent.h (a pure state machine); this file performs it: the
+// rendezvous requests, the ranks' processes and output, the waits for a signal.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -25,6 +27,7 @@
 #include <rapidjson/document.h>
 
 #include "cli/commands.h"
+#include "cli/launch_agent.h"
 #include "cli/terminal_text.h"
 #include "config/config_file.h"
 #include "core/engine.h"
@@ -170,20 +173,8 @@ std::string progress_line(const std::string& status_json) {
 
 namespace {
 
-// What the agent knows of its node's place in the rendezvous (a join or poll reply).
-struct Standing {
-  std::string state;  // "waiting", "running", "restart"
-  uint64_t round = 0;
-  uint32_t node_rank = 0, nnodes = 0, world_size = 0, rank_offset = 0;
-  std::string master_addr;
-  uint16_t master_port = 0;
-  std::string group;
-  std::string why;
-  std::string run_state;
-};
-
-tl::expected<Standing, client::ClientError> standing_of(
-    const tl::expected<std::string, client::ClientError>& reply) {
+// What the agent knows of its node's place in the rendezvous: a join or poll reply, read.
+RdzvReply standing_of(const tl::expected<std::string, client::ClientError>& reply) {
   if (!reply) return tl::unexpected(reply.error());
   rapidjson::Document d;
   d.Parse<rapidjson::kParseIterativeFlag>(reply->c_str());  // any depth, no recursion
@@ -194,14 +185,14 @@ tl::expected<Standing, client::ClientError> standing_of(
     return d.HasMember(key) && d[key].IsUint64() ? d[key].GetUint64() : uint64_t{0};
   };
   if (d.HasParseError() || !d.IsObject() || text("state").empty()) {
-    return tl::unexpected(client::ClientError{200, "bad_reply",
-                                              "a rendezvous reply without its "
-                                              "state: " +
-                                                  *reply,
-                                              ""});
+    return tl::unexpected(client::ClientError{
+        200, "bad_reply", "a rendezvous reply without its state: " + *reply, ""});
   }
   Standing s;
-  s.state = text("state");
+  const std::string state = text("state");
+  s.state = state == node_state_name(NodeState::kRunning)   ? NodeState::kRunning
+            : state == node_state_name(NodeState::kRestart) ? NodeState::kRestart
+                                                            : NodeState::kWaiting;
   s.round = number("round");
   s.node_rank = static_cast<uint32_t>(number("node_rank"));
   s.nnodes = static_cast<uint32_t>(number("nnodes"));
@@ -403,61 +394,6 @@ tl::expected<std::vector<std::string>, std::string> worker_command(const LaunchA
   return command;
 }
 
-// ---- never silent (docs/LAUNCH.md, "Waiting") ----
-
-using SteadyTime = std::chrono::steady_clock::time_point;
-
-// The pace of the lines that say what the agent waits for: due at once, then once every
-// `every` until reset.
-class Pace {
- public:
-  explicit Pace(std::chrono::milliseconds every) : every_(every) {}
-  bool due(SteadyTime now) {
-    if (said_ && now - last_ < every_) return false;
-    said_ = true;
-    last_ = now;
-    return true;
-  }
-  void reset() { said_ = false; }
-
- private:
-  std::chrono::milliseconds every_;
-  SteadyTime last_{};
-  bool said_ = false;
-};
-
-long seconds_between(SteadyTime from, SteadyTime to) {
-  return static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(to - from).count());
-}
-
-// "600", "2.5": seconds as a line says them.
-std::string number_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", seconds);
-  return text;
-}
-
-// How long an agent tries to reach a coordinator that never answered it: a wrong --url fails
-// fast, as the Python client's first contact does.
-constexpr std::chrono::milliseconds kFirstContact{9'500};  // (10 s in all)
-
-// Why the agent gives up on a coordinator that never answered it, or nothing while it may still
-// answer: no answer by the first contact's deadline (kFirstContact, or --rdzv-timeout when
-// shorter: `out_of_time`), or an answer that is not a traincoord coordinator's.
-std::optional<std::string> first_contact_failure(const client::ClientError& e,
-                                                 const std::string& url, bool out_of_time,
-                                                 long tried_s) {
-  if (e.code == client::codes::kBadReply || e.code.starts_with("http_")) {
-    return "the server at " + url + " does not answer as a traincoord coordinator (" + e.message +
-           "); check --url";
-  }
-  if (e.code != client::codes::kUnreachable || !out_of_time) return std::nullopt;
-  return "cannot reach a coordinator at " + url + " (tried for " + std::to_string(tried_s) +
-         " s: " + e.message +
-         "); check --url, and that a coordinator serves it there (traincoord serve --config "
-         "RUN.toml --listen 0.0.0.0:8470)";
-}
-
 // "waiting for nodes: 1 of 2 (n0)": who the rendezvous holds (GET .../nodes), or why this node
 // waits for the next round.
 std::string waiting_line(const std::string& url, const std::string& run, const std::string& node,
@@ -518,6 +454,433 @@ std::string host_name() {
   return name;
 }
 
+// ---- the world around the agent: its coordinator, its ranks, its output ----
+
+// The coordinator this node's agent speaks to: one in this process (`launch --config`), or the
+// one at --url.
+struct Host {
+  ServerClock clock;
+  Engine engine{clock};
+  std::unique_ptr<Store> store;
+  std::optional<Auth> auth;
+  std::optional<HttpServer> server;
+  std::string url, run_name, token_file, token, data_dir;
+};
+
+std::optional<int> serve_run(const LaunchArgs& args, const sigset_t& signals, Host& h);
+
+// The run of `--config` in `host`: restored from its data dir (or created), then served
+// (serve_run). Returns the exit status of a failure.
+std::optional<int> host_coordinator(const LaunchArgs& args, const sigset_t& signals, Host& h) {
+  std::ifstream in(args.config, std::ios::binary);
+  if (!in) return fail("cannot read run config " + args.config);
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto config = parse_run_config(text.str(), args.config);
+  if (!config) return fail(config.error().message);
+  h.run_name = config->name;
+  if (args.in_memory && !args.data_dir.empty()) {
+    return fail("--in-memory and --data-dir exclude each other");
+  }
+  if (!args.in_memory) {
+    h.data_dir = !args.data_dir.empty() ? args.data_dir : h.run_name + ".traincoord";
+    auto opened = open_state(h.data_dir, h.engine, h.clock);
+    if (!opened) return fail(opened.error());
+    h.store = std::move(*opened);
+  } else {
+    h.clock.go_live(0);
+    std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
+                 "a checkpoint of an earlier launch cannot be restored here (its cut is not "
+                 "kept)\n";
+  }
+  if (auto existing = h.engine.find(h.run_name)) {
+    // A data dir that holds the run already: the same config resumes it, a changed one is
+    // refused (or applied when asked and allowed), as `serve` does.
+    const ConfigFile file{args.config, text.str(), *config};
+    if (const int code = reconcile(file, **existing, h.engine, h.store.get(), h.clock,
+                                   args.apply_config_changes);
+        code != 0) {
+      return code;
+    }
+    if ((*existing)->finished()) {
+      std::cerr << "traincoord launch: run " << h.run_name << " already ended ("
+                << run_state_name((*existing)->state()) << ", state in " << h.data_dir
+                << "): nothing left to train; to train it again, remove " << h.data_dir
+                << " or give --in-memory\n";
+    }
+  } else {
+    auto run = h.engine.create_run(*config);
+    if (!run) return fail(run.error().message);
+    if (h.store) {
+      h.store->add_run(h.run_name, "toml", text.str(), h.clock.now());
+      if (auto r = h.store->commit(h.engine); !r) return fail(r.error().message);
+    }
+  }
+  return serve_run(args, signals, h);
+}
+
+// Serves the run of `h` (with --auth, its tokens): on the default port when free, else on a free
+// loopback port. Returns the exit status of a failure.
+std::optional<int> serve_run(const LaunchArgs& args, const sigset_t& signals, Host& h) {
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ServerOptions options;
+  if (args.auth) {
+    auto opened = Auth::open(h.data_dir.empty() ? "traincoord-tokens" : h.data_dir);
+    if (!opened) return fail(opened.error().message);
+    h.auth = std::move(*opened);
+    if (auto t = h.auth->worker_token(h.run_name); !t) return fail(t.error().message);
+    h.token_file = h.auth->worker_token_path(h.run_name);
+    h.token = h.auth->admin_token();
+    for (const std::string& notice : h.auth->take_notices()) {
+      std::cerr << "traincoord launch: " << notice << "\n";
+    }
+    options.auth = &*h.auth;
+  }
+  // The default port of `serve` when it is free, so that `traincoord status` and `runs` find
+  // this coordinator without --url; else any free loopback port.
+  Result<uint16_t> port = tl::unexpected(Error{ErrorCode::kInvalidArgument, "", "", {}});
+  for (const std::string& listen : {args.listen, std::string("127.0.0.1:0")}) {
+    const size_t colon = listen.rfind(':');
+    options.host = listen.substr(0, colon);
+    options.port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
+    h.server.emplace(h.engine, h.clock, h.store.get(), options);
+    port = h.server->start();
+    if (port) break;
+    h.server.reset();
+  }
+  if (!port) return fail(port.error().message);
+  h.url = "http://127.0.0.1:" + std::to_string(*port);
+  std::cerr << "traincoord launch: coordinator on " << h.url << ", run " << h.run_name << ", "
+            << args.workers << " workers";
+  if (*port != 8470) std::cerr << " (traincoord status --url " << h.url << " " << h.run_name << ")";
+  std::cerr << "\n";
+  return std::nullopt;
+}
+
+void say(const std::string& line) {
+  std::lock_guard lock(output_mutex);
+  std::cerr << line << std::flush;
+}
+
+// The ranks of this node: started with their environment (and their output prefixed), reaped,
+// signalled, stopped with a grace period.
+class RankSupervisor {
+ public:
+  RankSupervisor(std::vector<std::string> command, bool prefix, int workers)
+      : command_(std::move(command)), prefix_(prefix), pids_(static_cast<size_t>(workers), -1) {}
+
+  void start(const std::vector<std::vector<std::string>>& envs, uint32_t rank_offset) {
+    for (size_t r = 0; r < pids_.size(); ++r) {
+      int out[2], err[2];
+      if (!prefix_ || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+        pids_[r] = spawn(command_, envs[r]);  // (no pipes: unprefixed output)
+      } else {
+        const int ends[2] = {out[1], err[1]};
+        pids_[r] = spawn(command_, envs[r], ends);
+        close(out[1]);
+        close(err[1]);
+        const std::string prefix = "[rank" + std::to_string(rank_offset + r) + "]: ";
+        pumps_.emplace_back(pump, out[0], prefix, stdout);
+        pumps_.emplace_back(pump, err[0], prefix, stderr);
+      }
+      if (pids_[r] < 0) unstarted_.push_back(RankExit{static_cast<int>(r), -1});
+    }
+  }
+  // The ranks that exited since the last call (and those that never started).
+  std::vector<RankExit> reap() {
+    std::vector<RankExit> exits = std::move(unstarted_);
+    unstarted_.clear();
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (size_t r = 0; r < pids_.size(); ++r) {
+        if (pids_[r] != pid) continue;
+        pids_[r] = -1;
+        exits.push_back(RankExit{static_cast<int>(r),
+                                 WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)});
+      }
+    }
+    return exits;
+  }
+  void signal(int sig) {
+    for (const pid_t pid : pids_) {
+      if (pid > 0) kill(pid, sig);
+    }
+  }
+  bool any_running() const {
+    return std::any_of(pids_.begin(), pids_.end(), [](pid_t p) { return p > 0; });
+  }
+  // Stops every rank still running: SIGTERM, then SIGKILL after `grace_s`; returns their exits.
+  std::vector<RankExit> stop(double grace_s) {
+    signal(SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+    bool killed = false;
+    std::vector<RankExit> exits = reap();
+    while (any_running()) {
+      if (!killed && std::chrono::steady_clock::now() >= deadline) {
+        signal(SIGKILL);
+        killed = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (const RankExit& e : reap()) exits.push_back(e);
+    }
+    return exits;
+  }
+  void join_pumps() {
+    for (std::thread& t : pumps_) t.join();  // (every rank exited: their pipes are closed)
+  }
+
+ private:
+  std::vector<std::string> command_;
+  bool prefix_;
+  std::vector<pid_t> pids_;
+  std::vector<RankExit> unstarted_;
+  std::vector<std::thread> pumps_;
+};
+
+// The agent's view of the run for the user: a line for each epoch closed since the last report,
+// and the progress line (on a terminal redrawn; else when it changed, every 5 s at most).
+class ProgressReport {
+ public:
+  ProgressReport(const Host& h, bool tty) : h_(h), tty_(tty) {}
+
+  void report(bool final) {
+    auto body = client::get(h_.url, "/v1/runs/" + h_.run_name, std::chrono::seconds(2), h_.token);
+    if (!body) return;
+    rapidjson::Document d;
+    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
+    std::string lines;
+    if (!d.HasParseError() && d.IsObject() && d.HasMember("epochs") && d["epochs"].IsArray()) {
+      lines = epoch_lines(d);
+    }
+    std::string line = progress_line(*body);
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty_ &&
+        (line == last_progress_ || (!final && now - last_progress_at_ < std::chrono::seconds(5)))) {
+      line.clear();
+    }
+    if (!line.empty()) {
+      last_progress_ = line;
+      last_progress_at_ = now;
+    }
+    std::lock_guard lock(output_mutex);
+    if (tty_) {
+      std::cerr << "\r\x1b[K" << lines << (line.empty() ? last_progress_ : line) << std::flush;
+    } else {
+      std::cerr << lines << (line.empty() ? "" : line + "\n");
+    }
+  }
+
+ private:
+  // The lines of the epochs closed since the last report.
+  std::string epoch_lines(const rapidjson::Document& d) {
+    const auto& epochs = d["epochs"].GetArray();
+    // The status lists the latest epochs, from position epochs_from (docs/API.md).
+    const size_t from = d.HasMember("epochs_from") && d["epochs_from"].IsUint64()
+                            ? static_cast<size_t>(d["epochs_from"].GetUint64())
+                            : 0;
+    // A restore may take epochs back: announce them again when they close again.
+    size_t closed = 0;
+    while (closed < epochs.Size() && epochs[closed].IsObject() &&
+           epochs[closed].HasMember("closed") && epochs[closed]["closed"].IsBool() &&
+           epochs[closed]["closed"].GetBool()) {
+      ++closed;
+    }
+    closed += from;
+    std::string lines;
+    if (closed < shown_) shown_ = closed;
+    if (shown_ < from) {  // (more closed since the last report than the status lists)
+      lines += "[" + h_.run_name + "] " + std::to_string(from - shown_) + " epochs closed\n";
+      shown_ = from;
+    }
+    for (; shown_ < closed; ++shown_)
+      lines += epoch_line(h_.run_name, epochs[shown_ - from]) + "\n";
+    return lines;
+  }
+
+  const Host& h_;
+  bool tty_;
+  size_t shown_ = 0;           // closed epochs announced (in opening order)
+  std::string last_progress_;  // the progress line printed last, and when
+  std::chrono::steady_clock::time_point last_progress_at_ =
+      std::chrono::steady_clock::now() - std::chrono::seconds(10);
+};
+
+AgentMs steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Performs the actions of the agent of this node (launch_agent.h) until it finishes: the
+// requests to the rendezvous, the waits (for a signal, reaping the ranks), the ranks.
+class AgentDriver {
+ public:
+  AgentDriver(const LaunchArgs& args, const AgentSettings& settings, const Host& h,
+              const sigset_t& signals, uint32_t min_nodes, uint32_t max_nodes,
+              std::vector<std::string> command)
+      : args_(args),
+        settings_(settings),
+        h_(h),
+        signals_(signals),
+        min_nodes_(min_nodes),
+        max_nodes_(max_nodes),
+        ranks_(std::move(command), args.prefix_output, args.workers),
+        progress_(h, settings.tty) {}
+
+  AgentOutcome run() {
+    LaunchAgent agent(settings_, steady_ms());
+    std::vector<AgentAction> todo = agent.start(steady_ms());
+    for (;;) {
+      std::optional<AgentEvent> event;
+      for (const AgentAction& action : todo) {
+        if (const auto* f = std::get_if<Finish>(&action)) return f->outcome;
+        event = std::visit([this](const auto& a) { return perform(a); }, action);
+      }
+      todo = agent.on(*event, steady_ms());
+    }
+  }
+  ProgressReport& progress() { return progress_; }
+  RankSupervisor& ranks() { return ranks_; }
+
+ private:
+  using Next = std::optional<AgentEvent>;
+
+  Next perform(const Request& r) {
+    static constexpr const char* kPaths[] = {"join", "poll", "fail", "leave"};
+    const std::string body = r.call == RdzvCall::kJoin ? join_body() : node_body(r);
+    auto reply = client::post(
+        h_.url, "/v1/runs/" + h_.run_name + "/nodes/" + kPaths[static_cast<int>(r.call)], body,
+        std::chrono::milliseconds(r.timeout_ms), h_.token);
+    return Replied{r.call, standing_of(reply)};
+  }
+  Next perform(const Describe&) {
+    return Described{waiting_line(h_.url, h_.run_name, settings_.node, h_.token)};
+  }
+  // Waits up to `w.ms` for SIGINT or SIGTERM; then reaps the ranks that exited.
+  Next perform(const Wait& w) {
+    timespec wait{static_cast<time_t>(w.ms / 1000), static_cast<long>((w.ms % 1000) * 1'000'000)};
+    const int sig = sigtimedwait(&signals_, nullptr, &wait);
+    return Waited{sig > 0 ? sig : 0, ranks_.reap()};
+  }
+  Next perform(const StartRanks& s) {
+    std::vector<std::vector<std::string>> envs;
+    for (int r = 0; r < args_.workers; ++r) {
+      envs.push_back(rank_env(settings_, s.at, r, s.restart_count, h_.token_file));
+    }
+    ranks_.start(envs, s.at.rank_offset);
+    return std::nullopt;
+  }
+  Next perform(const SignalRanks& s) {
+    ranks_.signal(s.signal);
+    return std::nullopt;
+  }
+  Next perform(const StopRanks&) { return RanksStopped{ranks_.stop(args_.grace_s)}; }
+  Next perform(const Say& s) {
+    say(s.text);
+    return std::nullopt;
+  }
+  Next perform(const ReportProgress&) {
+    progress_.report(false);
+    return std::nullopt;
+  }
+  Next perform(const Finish&) { return std::nullopt; }
+
+  std::string join_body() const {
+    JsonWriter j;
+    j.begin_object();
+    j.field("node", settings_.node).field("secret", secret_).field("addr", args_.node_addr);
+    j.field("nproc", static_cast<uint64_t>(args_.workers));
+    j.field("master_port", static_cast<uint64_t>(free_port()));
+    j.field("min_nodes", static_cast<uint64_t>(min_nodes_));
+    j.field("max_nodes", static_cast<uint64_t>(max_nodes_));
+    j.field("settle_ms", static_cast<uint64_t>(args_.settle_s * 1000));
+    j.field("node_timeout_ms", static_cast<uint64_t>(args_.node_timeout_s * 1000));
+    j.end_object();
+    return j.str();
+  }
+  std::string node_body(const Request& r) const {
+    JsonWriter j;
+    j.begin_object().field("node", settings_.node).field("secret", secret_);
+    if (r.call == RdzvCall::kFail) j.field("round", r.round).field("why", r.why);
+    j.end_object();
+    return j.str();
+  }
+
+  const LaunchArgs& args_;
+  const AgentSettings& settings_;
+  const Host& h_;
+  const sigset_t& signals_;
+  uint32_t min_nodes_, max_nodes_;
+  const std::string secret_ = draw_secret();
+  RankSupervisor ranks_;
+  ProgressReport progress_;
+};
+
+// What the agent ended with, said; the run's state at the end; the exit status.
+int conclude(const AgentOutcome& outcome, AgentDriver& driver, Host& h, bool tty) {
+  driver.progress().report(true);  // the epochs that closed since the last report
+  if (tty) std::cerr << "\n";
+  driver.ranks().join_pumps();
+  if (outcome.gave_up_why) std::cerr << "traincoord launch: " << *outcome.gave_up_why << "\n";
+  std::string state = "unknown";
+  if (auto body = client::get(h.url, "/v1/runs/" + h.run_name, std::chrono::seconds(2), h.token)) {
+    rapidjson::Document d;
+    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
+    if (!d.HasParseError() && d.IsObject() && d.HasMember("state") && d["state"].IsString()) {
+      state = d["state"].GetString();
+      const std::string reason =
+          d.HasMember("reason") && d["reason"].IsString() ? d["reason"].GetString() : "";
+      std::cerr << "traincoord launch: run " << h.run_name << " " << state
+                << (reason.empty() ? "" : ": " + reason);
+      if (d.HasMember("early_stop") && d["early_stop"].IsObject() &&
+          d["early_stop"].HasMember("best_epoch") && d["early_stop"]["best_epoch"].IsInt64() &&
+          reason.find("best epoch") == std::string::npos) {
+        std::cerr << "; best epoch " << d["early_stop"]["best_epoch"].GetInt64();
+      }
+      std::cerr << "\n";
+    }
+  }
+  if (h.server) h.server->stop();
+  for (const RankExit& e : outcome.failed_ranks) {
+    std::cerr << "traincoord launch: worker rank" << e.local_rank << " exited with " << e.exit_code
+              << "\n";
+  }
+  const int code = launch_exit_code(outcome, state);
+  if (code == exit_code::kRunUnfinished && state == "running") {
+    std::cerr << "traincoord launch: every worker exited, but the run is not finished\n";
+  }
+  return code;
+}
+
+// The settings of the command line that the coordinator bounds (core/rendezvous.h), said before
+// anything starts; nothing when they hold.
+std::optional<std::string> refused_settings(const LaunchArgs& args, uint32_t max_nodes) {
+  const bool remote = !args.url.empty();
+  if (!remote && max_nodes > 1) {
+    return "--nnodes " + args.nnodes +
+           " needs --url: the agents of several nodes meet at a coordinator they all reach "
+           "(traincoord serve)";
+  }
+  if (remote && args.run.empty()) return "--url needs --run: the run to train";
+  if (!(args.node_timeout_s >= 1 && args.node_timeout_s <= 600)) {
+    return "--node-timeout must be between 1 and 600 seconds, got " +
+           std::to_string(args.node_timeout_s);
+  }
+  if (!(args.settle_s >= 0 && args.settle_s <= 600)) {
+    return "--settle must be between 0 and 600 seconds, got " + std::to_string(args.settle_s);
+  }
+  if (args.rdzv_timeout_s < 1) {
+    return "--rdzv-timeout must be at least 1 second, got " + std::to_string(args.rdzv_timeout_s);
+  }
+  if (!remote && args.config.empty()) {
+    return "give --config RUN.toml (a coordinator in this process), or --url and --run (a "
+           "coordinator running elsewhere)";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int launch(const LaunchArgs& given) {
@@ -536,583 +899,37 @@ int launch(const LaunchArgs& given) {
   if (!parse_nnodes(args.nnodes, &min_nodes, &max_nodes)) {
     return fail("--nnodes must be MIN or MIN:MAX with 1 <= MIN <= MAX <= 1024, got " + args.nnodes);
   }
-  const bool remote = !args.url.empty();
-  if (!remote && max_nodes > 1) {
-    return fail("--nnodes " + args.nnodes +
-                " needs --url: the agents of several nodes meet at a "
-                "coordinator they all reach (traincoord serve)");
-  }
-  if (remote && args.run.empty()) return fail("--url needs --run: the run to train");
-  // (the coordinator's bounds, core/rendezvous.h: said here before anything starts)
-  if (!(args.node_timeout_s >= 1 && args.node_timeout_s <= 600)) {
-    return fail("--node-timeout must be between 1 and 600 seconds, got " +
-                std::to_string(args.node_timeout_s));
-  }
-  if (!(args.settle_s >= 0 && args.settle_s <= 600)) {
-    return fail("--settle must be between 0 and 600 seconds, got " + std::to_string(args.settle_s));
-  }
-  if (args.rdzv_timeout_s < 1) {
-    return fail("--rdzv-timeout must be at least 1 second, got " +
-                std::to_string(args.rdzv_timeout_s));
-  }
-  if (!remote && args.config.empty()) {
-    return fail(
-        "give --config RUN.toml (a coordinator in this process), or --url and --run (a "
-        "coordinator running elsewhere)");
-  }
+  if (auto refused = refused_settings(args, max_nodes)) return fail(*refused);
 
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
-
-  // A coordinator in this process (one node), or the one at --url.
-  ServerClock clock;
-  Engine engine(clock);
-  std::unique_ptr<Store> store;
-  std::optional<Auth> auth;
-  std::optional<HttpServer> server;
-  std::string url = args.url, run_name = args.run, token_file, token, data_dir;
+  Host host;  // a coordinator in this process (one node), or the one at --url
+  const bool remote = !args.url.empty();
   if (!remote) {
-    std::ifstream in(args.config, std::ios::binary);
-    if (!in) return fail("cannot read run config " + args.config);
-    std::ostringstream text;
-    text << in.rdbuf();
-    auto config = parse_run_config(text.str(), args.config);
-    if (!config) return fail(config.error().message);
-    run_name = config->name;
-    if (args.in_memory && !args.data_dir.empty()) {
-      return fail("--in-memory and --data-dir exclude each other");
-    }
-    if (!args.in_memory) {
-      data_dir = !args.data_dir.empty() ? args.data_dir : run_name + ".traincoord";
-      auto opened = open_state(data_dir, engine, clock);
-      if (!opened) return fail(opened.error());
-      store = std::move(*opened);
-    } else {
-      clock.go_live(0);
-      std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
-                   "a checkpoint of an earlier launch cannot be restored here (its cut is not "
-                   "kept)\n";
-    }
-    if (auto existing = engine.find(run_name)) {
-      // A data dir that holds the run already: the same config resumes it, a changed one is
-      // refused (or applied when asked and allowed), as `serve` does.
-      const ConfigFile file{args.config, text.str(), *config};
-      if (const int code =
-              reconcile(file, **existing, engine, store.get(), clock, args.apply_config_changes);
-          code != 0) {
-        return code;
-      }
-      if ((*existing)->finished()) {
-        std::cerr << "traincoord launch: run " << run_name << " already ended ("
-                  << run_state_name((*existing)->state()) << ", state in " << data_dir
-                  << "): nothing left to train; to train it again, remove " << data_dir
-                  << " or give --in-memory\n";
-      }
-    } else {
-      auto run = engine.create_run(*config);
-      if (!run) return fail(run.error().message);
-      if (store) {
-        store->add_run(run_name, "toml", text.str(), clock.now());
-        if (auto r = store->commit(engine); !r) return fail(r.error().message);
-      }
-    }
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    ServerOptions options;
-    if (args.auth) {
-      auto opened = Auth::open(data_dir.empty() ? "traincoord-tokens" : data_dir);
-      if (!opened) return fail(opened.error().message);
-      auth = std::move(*opened);
-      if (auto t = auth->worker_token(run_name); !t) return fail(t.error().message);
-      token_file = auth->worker_token_path(run_name);
-      token = auth->admin_token();
-      for (const std::string& notice : auth->take_notices()) {
-        std::cerr << "traincoord launch: " << notice << "\n";
-      }
-      options.auth = &*auth;
-    }
-    // The default port of `serve` when it is free, so that `traincoord status` and `runs` find
-    // this coordinator without --url; else any free loopback port.
-    Result<uint16_t> port = tl::unexpected(Error{ErrorCode::kInvalidArgument, "", "", {}});
-    for (const std::string& listen : {args.listen, std::string("127.0.0.1:0")}) {
-      const size_t colon = listen.rfind(':');
-      options.host = listen.substr(0, colon);
-      options.port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
-      server.emplace(engine, clock, store.get(), options);
-      port = server->start();
-      if (port) break;
-      server.reset();
-    }
-    if (!port) return fail(port.error().message);
-    url = "http://127.0.0.1:" + std::to_string(*port);
-    std::cerr << "traincoord launch: coordinator on " << url << ", run " << run_name << ", "
-              << args.workers << " workers";
-    if (*port != 8470) std::cerr << " (traincoord status --url " << url << " " << run_name << ")";
-    std::cerr << "\n";
+    if (auto code = host_coordinator(args, signals, host)) return *code;
   } else {
+    host.url = args.url;
+    host.run_name = args.run;
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    token = client::token_from_environment();
-    if (const char* file = std::getenv("TRAINCOORD_TOKEN_FILE")) token_file = file;
+    host.token = client::token_from_environment();
+    if (const char* file = std::getenv("TRAINCOORD_TOKEN_FILE")) host.token_file = file;
   }
 
-  // ---- the agent of this node ----
-  const std::string node = !args.node.empty() ? args.node : remote ? host_name() : "node0";
-  const std::string rdzv = "/v1/runs/" + run_name + "/nodes/";
-  const std::string secret = draw_secret();
-  const SteadyTime started = std::chrono::steady_clock::now();
-  const SteadyTime first_contact_by =
-      started +
-      std::min<std::chrono::milliseconds>(kFirstContact, std::chrono::seconds(args.rdzv_timeout_s));
-  bool reached = false;  // whether a coordinator answered this agent once
-  // The time left for the first contact (before a first answer: a wrong --url is said by then).
-  auto first_contact_left = [&] {
-    return std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          first_contact_by - std::chrono::steady_clock::now()));
-  };
-  auto request = [&](const std::string& action, const std::string& body) {
-    const auto timeout = reached ? std::chrono::milliseconds(10'000)
-                                 : std::clamp<std::chrono::milliseconds>(
-                                       first_contact_left(), std::chrono::milliseconds(100),
-                                       std::chrono::milliseconds(3'000));
-    auto reply = client::post(url, rdzv + action, body, timeout, token);
-    if (reply || (reply.error().http_status != 0 && !reply.error().code.starts_with("http_"))) {
-      reached = true;
-    }
-    return reply;
-  };
-  auto join = [&] {
-    JsonWriter j;
-    j.begin_object();
-    j.field("node", node).field("secret", secret).field("addr", args.node_addr);
-    j.field("nproc", static_cast<uint64_t>(args.workers));
-    j.field("master_port", static_cast<uint64_t>(free_port()));
-    j.field("min_nodes", static_cast<uint64_t>(min_nodes));
-    j.field("max_nodes", static_cast<uint64_t>(max_nodes));
-    j.field("settle_ms", static_cast<uint64_t>(args.settle_s * 1000));
-    j.field("node_timeout_ms", static_cast<uint64_t>(args.node_timeout_s * 1000));
-    j.end_object();
-    return standing_of(request("join", j.str()));
-  };
-  auto node_body = [&](std::optional<uint64_t> round = std::nullopt, std::string why = "") {
-    JsonWriter j;
-    j.begin_object().field("node", node).field("secret", secret);
-    if (round) j.field("round", *round).field("why", why);
-    j.end_object();
-    return j.str();
-  };
-
-  struct Worker {
-    pid_t pid = -1;
-    int exit_code = -1;
-  };
-  std::vector<Worker> workers(static_cast<size_t>(args.workers));
-  std::vector<std::thread> pumps;
-  int restarts = 0;  // this agent's group restarts (TORCHELASTIC_RESTART_COUNT)
-  Standing at;       // the round the ranks run in
-  auto env_of = [&](int local) {
-    const int rank = static_cast<int>(at.rank_offset) + local;
-    return std::vector<std::string>{
-        "TRAINCOORD_URL=" + url,
-        "TRAINCOORD_RUN=" + run_name,
-        "TRAINCOORD_WORKER=rank" + std::to_string(rank),
-        "TRAINCOORD_GROUP=" + at.group,
-        "RANK=" + std::to_string(rank),
-        "LOCAL_RANK=" + std::to_string(local),
-        "WORLD_SIZE=" + std::to_string(at.world_size),
-        "LOCAL_WORLD_SIZE=" + std::to_string(args.workers),
-        "GROUP_RANK=" + std::to_string(at.node_rank),
-        "GROUP_WORLD_SIZE=" + std::to_string(at.nnodes),
-        "ROLE_RANK=" + std::to_string(rank),
-        "ROLE_WORLD_SIZE=" + std::to_string(at.world_size),
-        "ROLE_NAME=default",
-        "MASTER_ADDR=" + at.master_addr,
-        "MASTER_PORT=" + std::to_string(at.master_port),
-        "TORCHELASTIC_RUN_ID=" + run_name,
-        "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restarts),
-        "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(args.max_restarts),
-        "TRAINCOORD_TOKEN_FILE=" + token_file};
-  };
-  auto start_group = [&] {
-    for (int r = 0; r < args.workers; ++r) {
-      workers[r].exit_code = -1;
-      if (!args.prefix_output) {
-        workers[r].pid = spawn(*command, env_of(r));
-        continue;
-      }
-      int out[2], err[2];
-      if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-        workers[r].pid = spawn(*command, env_of(r));  // (no pipes: unprefixed output)
-        continue;
-      }
-      const int ends[2] = {out[1], err[1]};
-      workers[r].pid = spawn(*command, env_of(r), ends);
-      close(out[1]);
-      close(err[1]);
-      const std::string prefix = "[rank" + std::to_string(at.rank_offset + r) + "]: ";
-      pumps.emplace_back(pump, out[0], prefix, stdout);
-      pumps.emplace_back(pump, err[0], prefix, stderr);
-    }
-  };
-  // Reaps a worker that exited; returns its local rank, or -1.
-  auto reap = [&](pid_t pid, int status) {
-    for (size_t r = 0; r < workers.size(); ++r) {
-      if (workers[r].pid != pid) continue;
-      workers[r].pid = -1;
-      workers[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return static_cast<int>(r);
-    }
-    return -1;
-  };
-  auto running = [&] {
-    int n = 0;
-    for (const Worker& w : workers) n += w.pid > 0;
-    return n;
-  };
-  // Stops every worker still running: SIGTERM, then SIGKILL after the grace period.
-  auto stop_group = [&] {
-    for (Worker& w : workers) {
-      if (w.pid > 0) kill(w.pid, SIGTERM);
-    }
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(args.grace_s * 1000));
-    bool killed = false;
-    while (running() > 0) {
-      int status = 0;
-      pid_t pid;
-      while ((pid = waitpid(-1, &status, WNOHANG)) > 0) reap(pid, status);
-      if (running() == 0) break;
-      if (!killed && std::chrono::steady_clock::now() >= deadline) {
-        for (Worker& w : workers) {
-          if (w.pid > 0) kill(w.pid, SIGKILL);
-        }
-        killed = true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  };
-  auto say = [&](const std::string& line) {
-    std::lock_guard lock(output_mutex);
-    std::cerr << line << std::flush;
-  };
-
-  bool interrupted = false;
-  bool gave_up = false;  // no restart left, or the coordinator is gone
-  std::string gave_up_why;
-  size_t epochs_shown = 0;  // closed epochs announced (in opening order)
-  auto last_print = std::chrono::steady_clock::now() - std::chrono::seconds(10);
-  std::string last_progress;  // the progress line printed last, and when
-  auto last_progress_at = std::chrono::steady_clock::now() - std::chrono::seconds(10);
-  auto last_poll = std::chrono::steady_clock::now();
-  const bool tty = isatty(STDERR_FILENO);
-  // Prints a line for each epoch closed since the last call, then the progress line.
-  auto report_progress = [&](bool final) {
-    auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2), token);
-    if (!body) return;
-    rapidjson::Document d;
-    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
-    std::string lines;
-    if (!d.HasParseError() && d.IsObject() && d.HasMember("epochs") && d["epochs"].IsArray()) {
-      const auto& epochs = d["epochs"].GetArray();
-      // The status lists the latest epochs, from position epochs_from (docs/API.md).
-      const size_t from = d.HasMember("epochs_from") && d["epochs_from"].IsUint64()
-                              ? static_cast<size_t>(d["epochs_from"].GetUint64())
-                              : 0;
-      // A restore may take epochs back: announce them again when they close again.
-      size_t closed = 0;
-      while (closed < epochs.Size() && epochs[closed].IsObject() &&
-             epochs[closed].HasMember("closed") && epochs[closed]["closed"].IsBool() &&
-             epochs[closed]["closed"].GetBool()) {
-        ++closed;
-      }
-      closed += from;
-      if (closed < epochs_shown) epochs_shown = closed;
-      if (epochs_shown < from) {  // (more closed since the last report than the status lists)
-        lines += "[" + run_name + "] " + std::to_string(from - epochs_shown) + " epochs closed\n";
-        epochs_shown = from;
-      }
-      for (; epochs_shown < closed; ++epochs_shown) {
-        lines += epoch_line(run_name, epochs[epochs_shown - from]) + "\n";
-      }
-    }
-    std::string line = progress_line(*body);
-    // Off a terminal, the progress line when it changed, every 5 s at most (the epoch lines at
-    // once).
-    if (!tty &&
-        (line == last_progress || (!final && std::chrono::steady_clock::now() - last_progress_at <
-                                                 std::chrono::seconds(5)))) {
-      line.clear();
-    }
-    if (!line.empty()) {
-      last_progress = line;
-      last_progress_at = std::chrono::steady_clock::now();
-    }
-    std::lock_guard lock(output_mutex);
-    if (tty) {
-      std::cerr << "\r\x1b[K" << lines << (line.empty() ? last_progress : line) << std::flush;
-    } else {
-      std::cerr << lines << (line.empty() ? "" : line + "\n");
-    }
-  };
-  // Waits, a little at a time, for SIGINT or SIGTERM; passes them on to the workers.
-  auto wait_a_little = [&](long ms) {
-    timespec wait{ms / 1000, (ms % 1000) * 1'000'000};
-    const int sig = sigtimedwait(&signals, nullptr, &wait);
-    if (sig == SIGINT || sig == SIGTERM) {
-      interrupted = true;
-      say(std::string("\ntraincoord launch: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-          ", passing it to the workers\n");
-      for (Worker& w : workers) {
-        if (w.pid > 0) kill(w.pid, sig);
-      }
-    }
-  };
-  const long poll_ms =
-      std::clamp<long>(static_cast<long>(args.node_timeout_s * 1000 / 5), 100, 2000);
-
-  // Trouble on the way to a round: the coordinator unreachable (restarting, a network blip), a
-  // refusal that may pass (this node's name still held by its lost agent; the rendezvous full),
-  // or `restart` answered to a join. Each retry waits longer (100 ms doubling to 2 s: a few
-  // requests a second at most, whatever the coordinator answers); after --rdzv-timeout seconds
-  // of it the agent gives up, saying what it waited for.
-  // The same clock runs while the ranks train and the coordinator does not answer their agent's
-  // heartbeat: --rdzv-timeout holds at every stage. A line says what the agent waits for, every
-  // 10 s at most.
-  std::optional<SteadyTime> trouble_since;
-  Pace trouble_said(std::chrono::seconds(10));
-  long backoff_ms = 0;
-  auto in_trouble = [&](const std::string& waited_for) {  // true: give up
-    const auto now = std::chrono::steady_clock::now();
-    if (!trouble_since) trouble_since = now;
-    const long waited = seconds_between(*trouble_since, now);
-    if (waited >= args.rdzv_timeout_s) {
-      gave_up = true;
-      gave_up_why = "gave up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
-                    " s waiting for " + waited_for;
-      return true;
-    }
-    if (waited >= 2 && trouble_said.due(now)) {
-      say("traincoord launch: waiting for " + waited_for + " (" + std::to_string(waited) +
-          " s so far; giving up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
-          " s)\n");
-    }
-    backoff_ms = backoff_ms == 0 ? 100 : std::min<long>(backoff_ms * 2, 2000);
-    wait_a_little(
-        reached ? backoff_ms
-                : std::min<long>(backoff_ms, static_cast<long>(first_contact_left().count())));
-    return false;
-  };
-
-  std::optional<SteadyTime> waiting_since;  // not in a running round since
-  Pace waiting_said(std::chrono::seconds(5));
-  // The heartbeat of a running round unanswered: the ranks go on until --rdzv-timeout, then
-  // stop. Returns true: give up.
-  auto heartbeat_unanswered = [&](const client::ClientError& e, SteadyTime now) {
-    if (!trouble_since) trouble_since = now;
-    const long waited = seconds_between(*trouble_since, now);
-    if (waited >= args.rdzv_timeout_s) {
-      gave_up = true;
-      gave_up_why = "gave up after --rdzv-timeout " + std::to_string(args.rdzv_timeout_s) +
-                    " s: the coordinator at " + url + " did not answer node " + node +
-                    "'s heartbeat (" + e.message + "); its ranks were stopped";
-      return true;
-    }
-    if (trouble_said.due(now)) {
-      say("traincoord launch: the coordinator at " + url + " does not answer (" + e.message +
-          "); the ranks go on; " + std::to_string(waited) + " s so far, giving up after " +
-          "--rdzv-timeout " + std::to_string(args.rdzv_timeout_s) + " s\n");
-    }
-    return false;
-  };
-
-  // Join, wait for the round to form, run the ranks; on a failure, stop them and join again.
-  tl::expected<Standing, client::ClientError> standing = join();
-  for (;;) {
-    if (interrupted) break;
-    if (!standing) {
-      const client::ClientError& e = standing.error();
-      if (!reached) {
-        const auto now = std::chrono::steady_clock::now();
-        if (auto why = first_contact_failure(e, url, now >= first_contact_by,
-                                             seconds_between(started, now))) {
-          gave_up = true;
-          gave_up_why = *why;
-          break;
-        }
-      }
-      // (not_leader: several coordinators, and none leads the run yet: an election)
-      const bool transient =
-          e.code == client::codes::kUnreachable || e.code == client::codes::kNotLeader ||
-          e.http_status == 503 || e.code == "not_found" ||
-          e.code == client::codes::kNodeSecretMismatch || e.code == client::codes::kRendezvousFull;
-      if (!transient) {
-        gave_up = true;
-        gave_up_why = "the rendezvous at " + url + " refused node " + node + ": " + e.message;
-        break;
-      }
-      if (in_trouble("the rendezvous at " + url + " to take node " + node + ": " + e.message)) {
-        break;
-      }
-      standing = join();
-      continue;
-    }
-    if (standing->state == "restart") {
-      // (once after a round ended before this node polled; every time: a coordinator astray)
-      const std::string why = standing->why.empty() ? "" : " (" + standing->why + ")";
-      if (in_trouble("a round: the coordinator at " + url +
-                     " answered `restart` to every join of node " + node + why)) {
-        break;
-      }
-      standing = join();
-      continue;
-    }
-    trouble_since.reset();
-    trouble_said.reset();
-    backoff_ms = 0;
-    if (standing->state != "running") {
-      if (standing->run_state != "running" && !standing->run_state.empty()) {
-        // The run ended while this node waited for a group: nothing left to train.
-        (void)request("leave", node_body());
-        break;
-      }
-      // Not in a running round: a line every 5 s says for whom it waits; --join-timeout ends it.
-      const auto now = std::chrono::steady_clock::now();
-      if (!waiting_since) waiting_since = now;
-      if (seconds_between(*waiting_since, now) >= args.join_timeout_s) {
-        gave_up = true;
-        gave_up_why = "gave up after --join-timeout " + number_text(args.join_timeout_s) + " s " +
-                      waiting_line(url, run_name, node, token) +
-                      "; start the other nodes' agents (the same --url, --run and --nnodes), or "
-                      "lower --nnodes";
-        (void)request("leave", node_body());
-        break;
-      }
-      if (waiting_said.due(now)) {
-        say("traincoord launch: " + waiting_line(url, run_name, node, token) + "\n");
-      }
-      wait_a_little(std::min<long>(poll_ms, 200));  // (a round forming: answer it soon)
-      standing = standing_of(request("poll", node_body()));
-      continue;
-    }
-    at = *standing;
-    waiting_since.reset();
-    waiting_said.reset();
-    say("traincoord launch: node " + node + " is node rank " + std::to_string(at.node_rank) +
-        " of " + std::to_string(at.nnodes) + " (round " + std::to_string(at.round) +
-        ", world size " + std::to_string(at.world_size) + ", master " + at.master_addr + ":" +
-        std::to_string(at.master_port) + ")\n");
-    start_group();
-    std::optional<std::string> failure;  // why this node's group stops
-    bool round_ended = false, coordinator_gone = false;
-    while (running() > 0 && !failure && !round_ended && !coordinator_gone && !interrupted) {
-      wait_a_little(200);
-      int status = 0;
-      pid_t pid;
-      while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        const int r = reap(pid, status);
-        if (r >= 0 && workers[r].exit_code != 0 && !interrupted && !failure) {
-          failure = "worker rank" + std::to_string(at.rank_offset + r) + " exited with " +
-                    std::to_string(workers[r].exit_code);
-        }
-      }
-      const auto now = std::chrono::steady_clock::now();
-      if (!failure && now - last_poll >= std::chrono::milliseconds(poll_ms)) {
-        last_poll = now;
-        auto polled = standing_of(request("poll", node_body()));
-        if (polled || polled.error().http_status != 0) {
-          trouble_since.reset();
-          trouble_said.reset();
-        } else {
-          coordinator_gone = heartbeat_unanswered(polled.error(), now);
-        }
-        if (polled && polled->state != "running") {
-          round_ended = true;
-          standing = polled;
-          say("\ntraincoord launch: the group stops: " +
-              (polled->why.empty() ? std::string("the round ended") : polled->why) + "\n");
-        } else if (!polled && (polled.error().code == "not_found" ||
-                               polled.error().code == client::codes::kNodeSecretMismatch)) {
-          round_ended = true;  // this node was taken for lost (its name taken since): join again
-          standing = polled;
-        }
-      }
-      if (now - last_print >= std::chrono::milliseconds(tty ? 500 : 1000)) {
-        last_print = now;
-        report_progress(false);
-      }
-    }
-    if (interrupted) {
-      stop_group();  // (SIGTERM again, then SIGKILL after the grace period)
-      (void)request("leave", node_body());
-      break;
-    }
-    if (coordinator_gone) {
-      stop_group();
-      break;
-    }
-    if (!failure && !round_ended) {  // every rank of this node exited 0
-      (void)request("leave", node_body());
-      break;
-    }
-    // A DDP process group does not take a restarted rank back: the whole group stops, on every
-    // node, and starts again with the nodes still there (as torchrun's agents do); its ranks
-    // restore their last checkpoint, and the data its cut (docs/LAUNCH.md).
-    if (failure) {
-      say("\ntraincoord launch: " + *failure + "\n");
-      standing = standing_of(request("fail", node_body(at.round, *failure)));
-    }
-    stop_group();
-    if (restarts >= args.max_restarts) {
-      gave_up = true;
-      gave_up_why = (failure ? *failure : std::string("the group stopped")) +
-                    "; no restart left (--max-restarts " + std::to_string(args.max_restarts) + ")";
-      (void)request("leave", node_body());
-      break;
-    }
-    restarts += 1;
-    say("traincoord launch: restarting the group (" + std::to_string(restarts) + " of " +
-        std::to_string(args.max_restarts) + ")\n");
-    standing = join();
-  }
-  report_progress(true);  // the epochs that closed since the last report
-  if (tty) std::cerr << "\n";
-  for (std::thread& t : pumps) t.join();  // (every worker exited: their pipes are closed)
-  if (gave_up) std::cerr << "traincoord launch: " << gave_up_why << "\n";
-
-  std::string state = "unknown", reason;
-  if (auto body = client::get(url, "/v1/runs/" + run_name, std::chrono::seconds(2), token)) {
-    rapidjson::Document d;
-    d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
-    if (!d.HasParseError() && d.IsObject() && d.HasMember("state") && d["state"].IsString()) {
-      state = d["state"].GetString();
-      reason = d.HasMember("reason") && d["reason"].IsString() ? d["reason"].GetString() : "";
-      std::cerr << "traincoord launch: run " << run_name << " " << state
-                << (reason.empty() ? "" : ": " + reason);
-      if (d.HasMember("early_stop") && d["early_stop"].IsObject() &&
-          d["early_stop"].HasMember("best_epoch") && d["early_stop"]["best_epoch"].IsInt64() &&
-          reason.find("best epoch") == std::string::npos) {
-        std::cerr << "; best epoch " << d["early_stop"]["best_epoch"].GetInt64();
-      }
-      std::cerr << "\n";
-    }
-  }
-  if (server) server->stop();
-  int failed = 0;
-  for (size_t r = 0; r < workers.size(); ++r) {
-    if (workers[r].exit_code > 0) {  // (-1: never started, the run ended before a group formed)
-      ++failed;
-      std::cerr << "traincoord launch: worker rank" << at.rank_offset + r << " exited with "
-                << workers[r].exit_code << "\n";
-    }
-  }
-  if (interrupted) return exit_code::kInterrupted;
-  if (failed > 0 || gave_up) return exit_code::kFailed;
-  if (state == "completed" || state == "early_stopped") return exit_code::kOk;
-  if (state == "running") {
-    std::cerr << "traincoord launch: every worker exited, but the run is not finished\n";
-  }
-  return exit_code::kRunUnfinished;
+  AgentSettings settings;
+  settings.url = host.url;
+  settings.run = host.run_name;
+  settings.node = !args.node.empty() ? args.node : remote ? host_name() : "node0";
+  settings.workers = args.workers;
+  settings.max_restarts = args.max_restarts;
+  settings.rdzv_timeout_s = args.rdzv_timeout_s;
+  settings.join_timeout_s = args.join_timeout_s;
+  settings.node_timeout_s = args.node_timeout_s;
+  settings.tty = isatty(STDERR_FILENO);
+  AgentDriver driver(args, settings, host, signals, min_nodes, max_nodes, std::move(*command));
+  const AgentOutcome outcome = driver.run();
+  return conclude(outcome, driver, host, settings.tty);
 }
 
 }  // namespace traincoord::cli
