@@ -232,15 +232,16 @@ void Run::advance() {
 
 // ---- workers ----
 
-uint32_t Run::ranks_of_group(std::string_view group) const {
+uint32_t Run::ranks_of_group(std::string_view group, std::string_view except) const {
   if (group.empty()) return 0;
   for (const WorkerInfo& w : workers_) {
-    if (w.group == group && w.rank) return w.rank->world_size;
+    if (w.group == group && w.rank && w.name != except) return w.rank->world_size;
   }
   return 0;
 }
 
-Result<void> Run::check_rank(std::string_view group, const std::optional<GroupRank>& rank) const {
+Result<void> Run::check_rank(std::string_view name, std::string_view group,
+                             const std::optional<GroupRank>& rank) const {
   if (rank) {
     if (rank->world_size == 0 || rank->world_size > (1u << 20)) {
       return invalid_argument("world_size", "world_size: must be between 1 and 2^20, got " +
@@ -253,7 +254,7 @@ Result<void> Run::check_rank(std::string_view group, const std::optional<GroupRa
     }
   }
   if (config_.mode != ScheduleMode::kSteps || !rank) return {};
-  if (const uint32_t w = ranks_of_group(group); w != 0 && w != rank->world_size) {
+  if (const uint32_t w = ranks_of_group(group, name); w != 0 && w != rank->world_size) {
     return conflict("rank " + std::to_string(rank->rank) + " of group " + std::string(group) +
                         " says the group has " + std::to_string(rank->world_size) +
                         " ranks, but its other ranks registered with " + std::to_string(w) +
@@ -271,8 +272,14 @@ WorkerId Run::join(std::string_view name, std::string_view group, std::optional<
   if (it != worker_ids_.end()) {
     WorkerInfo& w = workers_[it->second];
     w.last_seen = clock_.now();
-    if (!group.empty()) w.group = std::string(group);  // (naming none keeps the one it had)
-    if (rank) w.rank = rank;
+    // Naming a group is a registration with it (a rank of another group, or of none, is
+    // forgotten); naming none keeps the group it had, and its rank unless it gives one.
+    if (!group.empty()) {
+      w.group = std::string(group);
+      w.rank = rank;
+    } else if (rank) {
+      w.rank = rank;
+    }
     if (!w.active) {
       w.active = true;
       emit(EventKind::kWorkerJoined, "worker " + w.name + " rejoined");

@@ -202,7 +202,9 @@ class Run {
   // the world size, which is at most 2^20 (invalid_argument), and in step mode every rank of
   // a group gives the same world size (conflict, world_size_mismatch). (A step-mode run lets
   // a worker register without a rank; its acquires are refused, rank_required.)
-  Result<void> check_rank(std::string_view group, const std::optional<GroupRank>& rank) const;
+  // `name`: the worker that registers (its own earlier registration is not another rank).
+  Result<void> check_rank(std::string_view name, std::string_view group,
+                          const std::optional<GroupRank>& rank) const;
   // The world size of the current group in step mode (0: none registered a rank yet).
   uint32_t group_ranks() const { return group_ranks_; }
   // The worker leaves: its live leases are given back at once (not counted as failures).
@@ -328,7 +330,7 @@ class Run {
   void lay_out(Epoch& e, uint32_t ranks);
   StepLayout layout_of(const Epoch& e) const;
   uint64_t set_samples(SetKind set) const;
-  uint32_t ranks_of_group(std::string_view group) const;
+  uint32_t ranks_of_group(std::string_view group, std::string_view except = {}) const;
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
   Job job_of(LeaseId id) const;
   bool open_next_epoch();

@@ -128,7 +128,7 @@ class StepModeTest : public ::testing::Test {
   std::vector<WorkerId> group(traincoord::Run& run, const std::string& name, uint32_t w) {
     std::vector<WorkerId> ids;
     for (uint32_t r = 0; r < w; ++r) {
-      EXPECT_TRUE(run.check_rank(name, GroupRank{r, w}));
+      EXPECT_TRUE(run.check_rank(name + "-rank" + std::to_string(r), name, GroupRank{r, w}));
       EXPECT_TRUE(run.join_group(name));
       ids.push_back(run.join(name + "-rank" + std::to_string(r), name, GroupRank{r, w}));
     }
@@ -242,23 +242,29 @@ TEST_F(StepModeTest, RegistrationNeedsAGroupAndOneWorldSizePerGroup) {
   traincoord::Run run(steps_config(), clock_);
   // A worker may register without a rank (the Python Run() does, before Phases knows its rank), not
   // acquire.
-  EXPECT_TRUE(run.check_rank("", std::nullopt));
+  EXPECT_TRUE(run.check_rank("x", "", std::nullopt));
   const WorkerId alone = run.join("alone");
   EXPECT_EQ(reason_of(run.acquire(alone)), error_reason::kRankRequired);
   ASSERT_TRUE(run.join_group("g0"));
   const WorkerId no_rank = run.join("no-rank", "g0");
   EXPECT_EQ(reason_of(run.acquire(no_rank)), error_reason::kRankRequired);
-  EXPECT_EQ(reason_of(run.check_rank("g", GroupRank{2, 2})), "");
-  EXPECT_EQ(run.check_rank("g", GroupRank{2, 2}).error().field, "rank");
+  EXPECT_EQ(reason_of(run.check_rank("x", "g", GroupRank{2, 2})), "");
+  EXPECT_EQ(run.check_rank("x", "g", GroupRank{2, 2}).error().field, "rank");
   group(run, "g", 2);
-  EXPECT_EQ(reason_of(run.check_rank("g", GroupRank{0, 3})), error_reason::kWorldSizeMismatch);
-  EXPECT_TRUE(run.check_rank("g", GroupRank{1, 2}));
+  EXPECT_EQ(reason_of(run.check_rank("x", "g", GroupRank{0, 3})), error_reason::kWorldSizeMismatch);
+  EXPECT_TRUE(run.check_rank("x", "g", GroupRank{1, 2}));
+  // A worker of a group before registers with the next one, first without its rank (as the
+  // Python Run() does), then with a rank of another world size: its old rank is forgotten.
+  ASSERT_TRUE(run.join_group("g2"));
+  const WorkerId again = run.join("g-rank0", "g2");
+  EXPECT_FALSE(run.workers()[again].rank.has_value());
+  EXPECT_TRUE(run.check_rank("g-rank0", "g2", GroupRank{0, 3}));
   // A job-mode run takes a rank and ignores it.
   RunConfig jobs = steps_config();
   jobs.mode = ScheduleMode::kJobs;
   traincoord::Run plain(jobs, clock_);
-  EXPECT_TRUE(plain.check_rank("", std::nullopt));
-  EXPECT_TRUE(plain.check_rank("g", GroupRank{0, 3}));
+  EXPECT_TRUE(plain.check_rank("x", "", std::nullopt));
+  EXPECT_TRUE(plain.check_rank("x", "g", GroupRank{0, 3}));
 }
 
 TEST(StepModeConfig, StepsNeedSamplesABatchSizeAndOneBatchPerJob) {

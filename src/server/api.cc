@@ -1515,7 +1515,7 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
     rank = GroupRank{static_cast<uint32_t>(rank_value), static_cast<uint32_t>(world_size)};
   }
   TC_TRY_REPLY(r.body->no_unknown_fields());
-  TC_TRY_REPLY(r.run->check_rank(group, rank));
+  TC_TRY_REPLY(r.run->check_rank(name, group, rank));
   if (!r.run->has_worker(name) && r.run->workers().size() >= r.api.limits_.max_workers_per_run) {
     return error_reply(409, "limit",
                        "run " + r.run->config().name + " has " +
