@@ -23,6 +23,7 @@
 #include "server/metrics.h"
 #include "server/metrics_text.h"
 #include "server/status_view.h"
+#include "server/wall_time.h"
 
 namespace traincoord {
 
@@ -876,7 +877,8 @@ Api::Request::Reply Api::Request::history(Request& r) {
   TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", UINT64_MAX, UINT64_MAX));
   TC_TRY_ASSIGN(jobs_after, query_uint(r.http.target, "jobs_after", 0, UINT64_MAX));
   const Run& run = *r.run;
-  const HistoryPage page{epoch_range(run.epochs().size(), from, limit), jobs_after};
+  const HistoryPage page{epoch_range(run.epochs().size(), from, limit), jobs_after,
+                         r.api.wall_ ? r.api.wall_->now() : UnixClock().now()};
   if (format == "csv") {
     return HttpReply{200, history_csv(run, page, r.now), {}, "text/csv; charset=utf-8"};
   }

@@ -4,7 +4,11 @@
 #include <cassert>
 #include <charconv>
 #include <cmath>
+#include <optional>
+#include <string_view>
 #include <vector>
+
+#include "server/wall_time.h"
 
 namespace traincoord {
 
@@ -30,8 +34,29 @@ RecentJobs recent_jobs(const Run& run, uint64_t jobs_after) {
   return r;
 }
 
+// The wall-clock time (ms since the Unix epoch) of `t`, a time of the run's clock.
+int64_t wall_ms(const HistoryPage& page, TimeMs now, TimeMs t) {
+  return page.wall_now_ms - (now - t);
+}
+
+// "time" (ISO 8601, UTC) and "time_ms" of `t`; both null when there is none.
+void write_time(JsonWriter& j, const HistoryPage& page, TimeMs now, std::optional<TimeMs> t) {
+  if (!t) {
+    j.key("time").null().key("time_ms").null();
+    return;
+  }
+  const int64_t ms = wall_ms(page, now, *t);
+  j.field("time", iso8601_utc(ms)).field("time_ms", ms);
+}
+
+// The name of the worker that completed `c` (empty if the run no longer lists it).
+std::string_view worker_name(const Run& run, const RecentCompletion& c) {
+  return c.worker < run.workers().size() ? std::string_view(run.workers()[c.worker].name)
+                                         : std::string_view();
+}
+
 // The fields of one epoch of the history (JSON and JSON lines).
-void write_history_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
+void write_history_epoch(JsonWriter& j, const Epoch& e, const HistoryPage& page, TimeMs now) {
   j.field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
   j.field("closed", e.closed()).key("loss");
   if (e.closed()) {
@@ -48,12 +73,15 @@ void write_history_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
   } else {
     j.null();
   }
+  write_time(j, page, now, e.closed_at);
 }
 
 // The fields of one recent completion of the history (JSON and JSON lines).
-void write_history_job(JsonWriter& j, const RecentCompletion& c, uint64_t n, TimeMs now) {
+void write_history_job(JsonWriter& j, const Run& run, const RecentCompletion& c, uint64_t n,
+                       const HistoryPage& page, TimeMs now) {
   j.field("n", n).field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
-  j.field("loss", c.loss).field("ago_ms", now - c.time);
+  j.field("loss", c.loss).field("ago_ms", now - c.time).field("worker", worker_name(run, c));
+  write_time(j, page, now, c.time);
 }
 
 // One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
@@ -91,7 +119,7 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
       if (std::find(names.begin(), names.end(), ms.name) == names.end()) names.push_back(ms.name);
     }
   }
-  std::string out = "kind,set,epoch,job,closed,loss,done,jobs,ago_ms";
+  std::string out = "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms";
   for (const std::string& n : names) {
     out += ',';
     csv_field(out, "metric." + n);
@@ -105,6 +133,13 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
     out += e.closed() ? csv_number(e.loss) : "";
     out += ',' + std::to_string(e.done) + ',' + std::to_string(e.plan.size()) + ',';
     if (e.closed_at) out += std::to_string(now - *e.closed_at);
+    out += ",,";
+    if (e.closed_at) {
+      const int64_t ms = wall_ms(page, now, *e.closed_at);
+      out += iso8601_utc(ms) + ',' + std::to_string(ms);
+    } else {
+      out += ',';
+    }
     for (const std::string& n : names) {
       out += ',';
       const bool has = std::any_of(e.metrics.begin(), e.metrics.end(),
@@ -118,7 +153,10 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
     out += "job,";
     out += set_name(c.set);
     out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," + csv_number(c.loss) +
-           ",,," + std::to_string(now - c.time);
+           ",,," + std::to_string(now - c.time) + ',';
+    csv_field(out, worker_name(run, c));
+    const int64_t ms = wall_ms(page, now, c.time);
+    out += ',' + iso8601_utc(ms) + ',' + std::to_string(ms);
     out.append(names.size(), ',');
     out += "\r\n";
   }
@@ -132,14 +170,14 @@ std::string history_jsonl(const Run& run, const HistoryPage& page, TimeMs now) {
   for (size_t i = page.epochs.first; i < page.epochs.second; ++i) {
     JsonWriter j;
     j.begin_object().field("kind", "epoch");
-    write_history_epoch(j, run.epochs()[i], now);
+    write_history_epoch(j, run.epochs()[i], page, now);
     out += j.end_object().take();
     out += '\n';
   }
   for (size_t i = jobs.begin; i < recent.size(); ++i) {
     JsonWriter j;
     j.begin_object().field("kind", "job");
-    write_history_job(j, recent[i], jobs.first_n + i, now);
+    write_history_job(j, run, recent[i], jobs.first_n + i, page, now);
     out += j.end_object().take();
     out += '\n';
   }
@@ -155,13 +193,13 @@ void write_history(JsonWriter& j, const Run& run, const HistoryPage& page, TimeM
   j.key("epochs").begin_array();
   for (size_t i = page.epochs.first; i < page.epochs.second; ++i) {
     j.begin_object();
-    write_history_epoch(j, run.epochs()[i], now);
+    write_history_epoch(j, run.epochs()[i], page, now);
     j.end_object();
   }
   j.end_array().field("jobs_total", jobs.total).key("jobs").begin_array();
   for (size_t i = jobs.begin; i < recent.size(); ++i) {
     j.begin_object();
-    write_history_job(j, recent[i], jobs.first_n + i, now);
+    write_history_job(j, run, recent[i], jobs.first_n + i, page, now);
     j.end_object();
   }
   j.end_array().end_object();
