@@ -851,7 +851,7 @@ Api::Request::Reply Api::Request::status(Request& r) {
   // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
   TC_TRY_ASSIGN(shown, query_uint(r.http.target, "epochs", kEpochsShown, kMaxEpochsShown));
   JsonWriter j;
-  write_status(j, *r.run, r.now, shown);
+  write_status(j, *r.run, r.now, shown, wall_now(r.api.wall_));
   return ok(j);
 }
 
@@ -859,7 +859,8 @@ Api::Request::Reply Api::Request::epochs(Request& r) {
   TC_TRY_ASSIGN(from, query_uint(r.http.target, "from", 0, UINT64_MAX));
   TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", kMaxEpochsShown, kMaxEpochsShown));
   JsonWriter j;
-  write_epochs_page(j, *r.run, epoch_range(r.run->epochs().size(), from, limit), r.now);
+  write_epochs_page(j, *r.run, epoch_range(r.run->epochs().size(), from, limit), r.now,
+                    wall_now(r.api.wall_));
   return ok(j);
 }
 
@@ -878,7 +879,7 @@ Api::Request::Reply Api::Request::history(Request& r) {
   TC_TRY_ASSIGN(jobs_after, query_uint(r.http.target, "jobs_after", 0, UINT64_MAX));
   const Run& run = *r.run;
   const HistoryPage page{epoch_range(run.epochs().size(), from, limit), jobs_after,
-                         r.api.wall_ ? r.api.wall_->now() : UnixClock().now()};
+                         wall_now(r.api.wall_)};
   if (format == "csv") {
     return HttpReply{200, history_csv(run, page, r.now), {}, "text/csv; charset=utf-8"};
   }

@@ -154,7 +154,7 @@ class Api {
 
   // Tells `observer` (null: nobody) of created runs and accepted completions.
   void set_observer(ApiObserver* observer) { observer_ = observer; }
-  // The wall clock the history's dates are read from (null: the system's; a test's manual one).
+  // The wall clock the replies' dates are read from (null: the system's; a test's manual one).
   // REQUIRES: `wall` outlives the Api.
   void set_wall_clock(const Clock* wall) { wall_ = wall; }
 

@@ -84,5 +84,44 @@ TEST_F(HistoryViewTest, ACsvJobRowQuotesAWorkerNameWithAComma) {
             "job,train,0,0,,0.5,,,0,\"node 3, gpu 1\",1970-01-01T00:01:00.000Z,60000\r\n");
 }
 
+// An epoch's dates and duration (issue 34): the status and GET .../epochs give when it opened
+// and closed (ISO 8601 UTC) and how long it was open; GET /metrics the last closed epoch's
+// duration per set. The train epoch opens at 5 s on the run's clock and closes at 8 s.
+TEST_F(HistoryViewTest, AClosedEpochCarriesItsDatesAndDurationInStatusAndMetrics) {
+  ASSERT_EQ(post("/v1/runs/h/workers", R"({"name": "w"})").status, 200);
+  for (int lease = 1; lease <= 2; ++lease) {
+    ASSERT_EQ(post("/v1/runs/h/acquire", R"({"worker": 0})").status, 200);
+    clock_.advance(1'500);
+    auto c = post("/v1/runs/h/complete",
+                  R"({"worker": 0, "loss": 0.5, "lease": )" + std::to_string(lease) + "}");
+    ASSERT_EQ(c.status, 200) << c.body;
+  }
+  clock_.advance(250);
+  ManualClock wall(1'800'000'000'250);  // 2027-01-15T08:00:00.250Z, at 8.25 s on the run's clock
+  api_.set_wall_clock(&wall);
+  for (const std::string target : {"/v1/runs/h", "/v1/runs/h/epochs"}) {
+    auto r = std::get<HttpReply>(api_.handle({"GET", target, "", {}}));
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    ASSERT_FALSE(d.HasParseError()) << r.body;
+    ASSERT_GE(d["epochs"].Size(), 2u) << r.body;
+    const auto& train = d["epochs"][0];
+    ASSERT_STREQ(train["set"].GetString(), "train");
+    EXPECT_STREQ(train["opened_at"].GetString(), "2027-01-15T07:59:57.000Z") << target;
+    EXPECT_STREQ(train["closed_at"].GetString(), "2027-01-15T08:00:00.000Z") << target;
+    EXPECT_DOUBLE_EQ(train["duration_s"].GetDouble(), 3.0) << target;
+    const auto& dev = d["epochs"][1];
+    ASSERT_STREQ(dev["set"].GetString(), "dev");
+    EXPECT_TRUE(dev["closed_at"].IsNull() && dev["duration_s"].IsNull()) << "open: " << target;
+    EXPECT_TRUE(dev["opened_at"].IsString()) << target;
+  }
+  const std::string metrics = api_.metrics_text();
+  EXPECT_NE(metrics.find("# TYPE traincoord_run_epoch_duration_seconds gauge\n"
+                         "traincoord_run_epoch_duration_seconds{run=\"h\",set=\"train\"} 3\n"
+                         "# HELP"),
+            std::string::npos)
+      << "the train epoch's 3 s, and no dev series while dev 0 is open: " << metrics;
+}
+
 }  // namespace
 }  // namespace traincoord

@@ -97,6 +97,19 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
                }
              }
            });
+  each_run({"traincoord_run_epoch_duration_seconds", "gauge",
+            "How long the last closed epoch of each set was open (the coordinator's clock)."},
+           [&](const Run& r, const std::string& l) {
+             for (SetKind set : {SetKind::kTrain, SetKind::kDev}) {
+               for (auto it = r.epochs().rbegin(); it != r.epochs().rend(); ++it) {
+                 if (it->plan.set != set || !it->closed_at) continue;
+                 series("traincoord_run_epoch_duration_seconds",
+                        l + ",set=\"" + std::string(set_name(set)) + "\"",
+                        static_cast<double>(*it->closed_at - it->opened_at) / 1000.0);
+                 break;
+               }
+             }
+           });
   each_run({"traincoord_run_best_dev_value", "gauge", "The best value early stopping has seen."},
            [&](const Run& r, const std::string& l) {
              if (r.early_stop().state().best_epoch) {

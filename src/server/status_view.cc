@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/wall_time.h"
+
 namespace traincoord {
 
 void write_config(JsonWriter& j, const RunConfig& c) {
@@ -48,7 +50,7 @@ Progress progress_of(const Run& run, TimeMs now) {
   return p;
 }
 
-void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
+void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms) {
   j.begin_object();
   j.field("set", set_name(e.plan.set));
   j.field("epoch", e.plan.epoch);
@@ -81,10 +83,25 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
   } else {
     j.null();
   }
+  j.field("opened_at", iso8601_utc(wall_now_ms - (now - e.opened_at)));
+  j.key("closed_at");
+  if (e.closed_at) {
+    j.value(iso8601_utc(wall_now_ms - (now - *e.closed_at)));
+  } else {
+    j.null();
+  }
+  // From opening to closing, on the coordinator's clock (null while open).
+  j.key("duration_s");
+  if (e.closed_at) {
+    j.value(static_cast<double>(*e.closed_at - e.opened_at) / 1000.0);
+  } else {
+    j.null();
+  }
   j.end_object();
 }
 
-void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown) {
+void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown,
+                  int64_t wall_now_ms) {
   const Plan& plan = run.plan();
   j.begin_object();
   j.field("run", run.config().name);
@@ -128,7 +145,7 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
     }
   }
   if (current) {
-    write_epoch(j, *current, now);
+    write_epoch(j, *current, now, wall_now_ms);
   } else {
     j.null();
   }
@@ -139,7 +156,7 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
   j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
   j.field("epochs_from", static_cast<uint64_t>(from));
   j.key("epochs").begin_array();
-  for (size_t i = from; i < epochs.size(); ++i) write_epoch(j, epochs[i], now);
+  for (size_t i = from; i < epochs.size(); ++i) write_epoch(j, epochs[i], now, wall_now_ms);
   j.end_array();
 
   const EarlyStopState& es = run.early_stop().state();
@@ -339,13 +356,16 @@ void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now) {
   j.end_object();
 }
 
-void write_epochs_page(JsonWriter& j, const Run& run, std::pair<size_t, size_t> range, TimeMs now) {
+void write_epochs_page(JsonWriter& j, const Run& run, std::pair<size_t, size_t> range, TimeMs now,
+                       int64_t wall_now_ms) {
   const auto& epochs = run.epochs();
   j.begin_object().field("run", run.config().name).field("generation", run.generation());
   j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
   j.field("epochs_from", static_cast<uint64_t>(range.first));
   j.key("epochs").begin_array();
-  for (size_t i = range.first; i < range.second; ++i) write_epoch(j, epochs[i], now);
+  for (size_t i = range.first; i < range.second; ++i) {
+    write_epoch(j, epochs[i], now, wall_now_ms);
+  }
   j.end_array().end_object();
 }
 

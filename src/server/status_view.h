@@ -34,17 +34,21 @@ Progress progress_of(const Run& run, TimeMs now);
 
 // The run's config, as an object.
 void write_config(JsonWriter& j, const RunConfig& c);
-// One epoch, as an object (the status's "current" and "epochs", GET .../epochs).
-void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now);
+// One epoch, as an object (the status's "current" and "epochs", GET .../epochs). Its dates
+// ("opened_at", "closed_at": ISO 8601 UTC) are `wall_now_ms`, the wall clock at `now` (ms since
+// the Unix epoch), less the time since (server/wall_time.h).
+void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms);
 // One checkpoint cut, as an object.
 void write_cut(JsonWriter& j, const Cut& c, TimeMs now);
 // The run's status, listing its latest `epochs_shown` epochs.
-void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown);
+void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown,
+                  int64_t wall_now_ms);
 // The run in a few fields (a row of GET /v1/runs, the reply to a create or a cancel).
 void write_run_summary(JsonWriter& j, const Run& run, TimeMs now);
 // The epochs at positions `range.first` .. `range.second` (GET .../epochs).
 // REQUIRES: range.first <= range.second <= run.epochs().size().
-void write_epochs_page(JsonWriter& j, const Run& run, std::pair<size_t, size_t> range, TimeMs now);
+void write_epochs_page(JsonWriter& j, const Run& run, std::pair<size_t, size_t> range, TimeMs now,
+                       int64_t wall_now_ms);
 // The run's rendezvous: its round, its members and nodes (never a node's secret).
 void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now);
 

@@ -22,6 +22,9 @@ class UnixClock final : public Clock {
   }
 };
 
+// The wall clock now: `wall`'s reading, or the system's when it is null.
+inline TimeMs wall_now(const Clock* wall) { return wall ? wall->now() : UnixClock().now(); }
+
 // `unix_ms` (milliseconds since the Unix epoch) as ISO 8601 in UTC, to the millisecond:
 // "2026-12-07T00:15:55.123Z".
 inline std::string iso8601_utc(int64_t unix_ms) {
