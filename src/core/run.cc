@@ -696,7 +696,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;
   const Completed accepted{CompletionOutcome::kAccepted, e.plan.epoch, e.plan.set, position};
-  recent_.push_back({e.plan.epoch, e.plan.set, position, completion.loss, clock_.now()});
+  recent_.push_back({e.plan.epoch, e.plan.set, position, completion.loss, clock_.now(), worker});
   if (recent_.size() > kRecentKept) recent_.pop_front();
   if (e.resolved() == e.plan.size()) close_epoch(slot);
   return accepted;

@@ -152,6 +152,7 @@ struct RecentCompletion {
   uint64_t job = 0;
   double loss = 0;
   TimeMs time = 0;
+  WorkerId worker = 0;  // who completed it (its position in Run::workers())
 };
 
 // ---- groups and checkpoint cuts (core/cut_ledger.h: the cuts themselves) ----

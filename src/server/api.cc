@@ -19,7 +19,11 @@
 #include "core/user_text.h"
 #include "json/duplicate_keys.h"
 #include "json/json_writer.h"
+#include "server/history_view.h"
 #include "server/metrics.h"
+#include "server/metrics_text.h"
+#include "server/status_view.h"
+#include "server/wall_time.h"
 
 namespace traincoord {
 
@@ -366,287 +370,6 @@ HttpReply acquired_reply(const Run& run, const ParkedAcquire& shape, const Acqui
   return ok(j);
 }
 
-void write_config(JsonWriter& j, const RunConfig& c) {
-  j.begin_object();
-  j.field("train_batches", c.train_batches);
-  j.field("dev_batches", c.dev_batches);
-  j.field("batch_size", c.batch_size);
-  if (c.train_samples > 0) j.field("train_samples", c.train_samples);
-  if (c.dev_samples > 0) j.field("dev_samples", c.dev_samples);
-  j.field("order", batch_order_name(c.order));
-  j.field("seed", c.seed);
-  j.field("mode", schedule_mode_name(c.mode));
-  j.field("epochs", c.epochs);
-  j.field("validation_every", c.validation_every);
-  j.field("gpus_per_worker", c.gpus_per_worker);
-  j.field("iters_per_worker", c.iters_per_worker);
-  j.field("replicas_to_agg", c.replicas_to_agg);
-  j.field("start_step", c.start_step);
-  j.field("seed_compat", c.seed_compat);
-  j.field("overlap_epochs", c.overlap_epochs);
-  j.field("lease_timeout_ms", c.lease_timeout_ms);
-  j.field("max_attempts", c.max_attempts);
-  j.field("on_job_failure", job_failure_policy_name(c.on_job_failure));
-  j.field("keep_cuts", c.keep_cuts);
-  j.field("early_stop", early_stop_kind_name(c.early_stop.kind));
-  j.end_object();
-}
-
-struct Progress {
-  uint64_t planned = 0, done = 0, failed = 0, running = 0, open = 0;
-  double rate_per_s = 0;
-  std::optional<double> eta_s;
-};
-
-Progress progress_of(const Run& run, TimeMs now) {
-  Progress p;
-  p.planned = run.planned_jobs();
-  for (const Epoch& e : run.epochs()) {
-    p.done += e.done;
-    p.failed += e.failed;
-    p.running += e.leased;
-    if (!e.closed()) p.open += e.open_jobs();
-  }
-  if (!run.epochs().empty()) {
-    const double elapsed_s = static_cast<double>(now - run.epochs().front().opened_at) / 1000.0;
-    if (elapsed_s > 0) p.rate_per_s = static_cast<double>(p.done + p.failed) / elapsed_s;
-  }
-  if (run.state() == RunState::kRunning && p.rate_per_s > 0 && p.planned >= p.done + p.failed) {
-    p.eta_s = static_cast<double>(p.planned - p.done - p.failed) / p.rate_per_s;
-  }
-  return p;
-}
-
-void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
-  j.begin_object();
-  j.field("set", set_name(e.plan.set));
-  j.field("epoch", e.plan.epoch);
-  j.field("first_job", e.plan.first_job);
-  j.field("end_job", e.plan.end_job);
-  j.field("jobs", e.plan.size());
-  j.field("done", e.done);
-  j.field("failed", e.failed);
-  j.field("running", e.leased);
-  j.field("open", e.closed() ? uint64_t{0} : e.open_jobs());
-  j.field("closed", e.closed());
-  j.key("loss");
-  if (e.closed()) {
-    j.value(e.loss);
-  } else {
-    j.null();
-  }
-  j.field("samples", e.samples);
-  j.field("nonfinite_jobs", e.nonfinite_jobs);
-  j.key("metrics").begin_object();
-  for (const Epoch::MetricSum& m : e.metrics) j.field(m.name, e.metric(m.name, true));
-  j.end_object();
-  j.key("failed_jobs").begin_array();
-  for (uint64_t f : e.failed_jobs) j.value(f);
-  j.end_array();
-  j.field("opened_ago_ms", now - e.opened_at);
-  j.key("closed_ago_ms");
-  if (e.closed_at) {
-    j.value(now - *e.closed_at);
-  } else {
-    j.null();
-  }
-  j.end_object();
-}
-
-void write_cut(JsonWriter& j, const Cut& c, TimeMs now);
-
-// The status lists the latest `epochs` epochs (GET /v1/runs/{run}?epochs=N), and early
-// stopping's latest kObservedShown observations: a status a dashboard polls every second stays a
-// few kB however long the run (a run of 20,000 epochs listed them all: 5 MB). The others are
-// paged by GET .../epochs and GET .../history.
-constexpr uint64_t kEpochsShown = 100;
-constexpr uint64_t kMaxEpochsShown = 1000;
-constexpr size_t kObservedShown = 100;
-
-void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_shown) {
-  const Plan& plan = run.plan();
-  j.begin_object();
-  j.field("run", run.config().name);
-  j.field("state", run_state_name(run.state()));
-  j.field("reason", run.state_reason());
-  j.key("config");
-  write_config(j, run.config());
-  j.key("plan").begin_object();
-  j.field("batches_per_job", plan.batches_per_job);
-  j.field("batches_per_step", plan.batches_per_step);
-  j.field("steps_per_epoch", plan.steps_per_epoch);
-  j.field("start_epoch", plan.start_epoch);
-  j.field("jobs_trained", plan.jobs_trained);
-  j.field("target_epoch", plan.target_epoch);
-  j.field("train_jobs_per_epoch", plan.train_jobs_per_epoch);
-  j.field("dev_jobs_per_epoch", plan.dev_jobs_per_epoch);
-  j.end_object();
-
-  const Progress p = progress_of(run, now);
-  j.key("progress").begin_object();
-  j.field("jobs_planned", p.planned);
-  j.field("jobs_done", p.done);
-  j.field("jobs_failed", p.failed);
-  j.field("jobs_running", p.running);
-  j.field("jobs_open", p.open);
-  j.field("jobs_per_s", p.rate_per_s);
-  j.key("eta_s");
-  if (p.eta_s) {
-    j.value(*p.eta_s);
-  } else {
-    j.null();
-  }
-  j.end_object();
-
-  j.key("current");
-  const Epoch* current = nullptr;
-  for (const Epoch& e : run.epochs()) {
-    if (!e.closed()) {
-      current = &e;
-      break;
-    }
-  }
-  if (current) {
-    write_epoch(j, *current, now);
-  } else {
-    j.null();
-  }
-  // Epochs are numbered from 0 in opening order (their position): `epochs_total` were opened,
-  // and the list holds positions epochs_from .. epochs_total - 1.
-  const auto& epochs = run.epochs();
-  const size_t from = epochs.size() - std::min<size_t>(epochs.size(), epochs_shown);
-  j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
-  j.field("epochs_from", static_cast<uint64_t>(from));
-  j.key("epochs").begin_array();
-  for (size_t i = from; i < epochs.size(); ++i) write_epoch(j, epochs[i], now);
-  j.end_array();
-
-  const EarlyStopState& es = run.early_stop().state();
-  j.key("early_stop").begin_object();
-  j.field("rule", early_stop_kind_name(run.config().early_stop.kind));
-  j.field("monitor", run.early_stop().monitor());
-  j.key("best_epoch");
-  if (es.best_epoch) {
-    j.value(*es.best_epoch);
-  } else {
-    j.null();
-  }
-  j.field("best_value", es.best_value);
-  j.field("wait", es.wait);
-  j.field("stopped", es.stopped);
-  j.key("stopped_at_epoch");
-  if (es.stopped_at_epoch) {
-    j.value(*es.stopped_at_epoch);
-  } else {
-    j.null();
-  }
-  j.field("reason", es.reason);
-  j.field("observed_total", static_cast<uint64_t>(es.observed.size()));
-  j.key("observed").begin_array();
-  for (size_t i = es.observed.size() - std::min(es.observed.size(), kObservedShown);
-       i < es.observed.size(); ++i) {
-    const auto& [epoch, value] = es.observed[i];
-    j.begin_object().field("epoch", epoch).field("value", value).end_object();
-  }
-  j.end_array();
-  j.end_object();
-
-  j.key("workers").begin_array();
-  for (size_t i = 0; i < run.workers().size(); ++i) {
-    const WorkerInfo& w = run.workers()[i];
-    j.begin_object();
-    j.field("id", static_cast<uint64_t>(i));
-    j.field("name", w.name);
-    j.field("active", w.active);
-    j.field("jobs_done", w.jobs_done);
-    j.key("leases").begin_array();
-    for (LeaseId l : w.leases) j.value(l);
-    j.end_array();
-    j.field("last_seen_ago_ms", now - w.last_seen);
-    j.end_object();
-  }
-  j.end_array();
-
-  const RunCounters& c = run.counters();
-  j.key("counters").begin_object();
-  j.field("handouts", c.handouts);
-  j.field("rehandouts", c.rehandouts);
-  j.field("lease_expiries", c.lease_expiries);
-  j.field("completions_accepted", c.completions_accepted);
-  j.field("completions_duplicate", c.completions_duplicate);
-  j.field("completions_foreign", c.completions_foreign);
-  j.field("completions_unknown", c.completions_unknown);
-  j.field("failure_reports", c.failure_reports);
-  j.field("jobs_failed", c.jobs_failed);
-  j.field("nonfinite_losses", c.nonfinite_losses);
-  j.field("cuts", c.cuts);
-  j.field("restores", c.restores);
-  j.field("jobs_withdrawn", c.jobs_withdrawn);
-  j.field("leases_voided", c.leases_voided);
-  j.end_object();
-
-  j.field("generation", run.generation());
-  j.key("group");
-  if (run.group().empty()) {
-    j.null();
-  } else {
-    j.value(run.group());
-  }
-  j.key("cuts").begin_object();
-  uint64_t complete = 0;
-  for (const Cut& cut : run.cuts()) complete += cut.complete();
-  j.field("count", complete);
-  j.field("keep", static_cast<uint64_t>(run.config().keep_cuts));
-  j.key("latest");
-  if (const Cut* latest = run.latest_cut()) {
-    write_cut(j, *latest, now);
-  } else {
-    j.null();
-  }
-  j.end_object();
-
-  constexpr size_t kEventsShown = 50;
-  const auto& events = run.events();
-  j.key("events").begin_array();
-  for (size_t i = events.size() > kEventsShown ? events.size() - kEventsShown : 0;
-       i < events.size(); ++i) {
-    const Event& e = events[i];
-    j.begin_object();
-    j.field("seq", e.seq);
-    j.field("ago_ms", now - e.time);
-    j.field("kind", event_kind_name(e.kind));
-    j.field("text", e.text);
-    j.end_object();
-  }
-  j.end_array();
-  j.end_object();
-}
-
-void write_run_summary(JsonWriter& j, const Run& run, TimeMs now) {
-  const Progress p = progress_of(run, now);
-  j.begin_object();
-  j.field("run", run.config().name);
-  j.field("state", run_state_name(run.state()));
-  j.field("reason", run.state_reason());
-  const Epoch* current = nullptr;
-  for (const Epoch& e : run.epochs()) {
-    if (!e.closed()) current = current ? current : &e;
-  }
-  j.key("epoch");
-  if (current) {
-    j.value(current->plan.epoch);
-  } else {
-    j.null();
-  }
-  j.field("target_epoch", run.plan().target_epoch);
-  j.field("jobs_planned", p.planned);
-  j.field("jobs_done", p.done);
-  uint64_t active = 0;
-  for (const WorkerInfo& w : run.workers()) active += w.active ? 1 : 0;
-  j.field("workers_active", active);
-  j.end_object();
-}
-
 // Splits "/v1/runs/a/acquire?x=1" into {"v1", "runs", "a", "acquire"}.
 // Kept inline: it runs three times a request (route, endpoint_of, run_of), and a growing
 // std::vector was a third of the server's mallocs (perf, a uprobe on malloc).
@@ -780,165 +503,7 @@ std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
 }
 
 std::string Api::metrics_text() const {
-  const TimeMs now = clock_.now();
-  std::string out;
-  struct Family {
-    const char* name;
-    const char* type;
-    const char* help;
-  };
-  auto head = [&](const Family& f) {
-    out +=
-        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
-  };
-  auto series = [&](const char* name, const std::string& labels, double value) {
-    out += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
-  };
-  const std::vector<const Run*> runs = engine_.runs();
-  auto each_run = [&](const Family& f, auto&& emit) {
-    head(f);
-    for (const Run* run : runs) emit(*run, "run=\"" + prometheus_escape(run->config().name) + "\"");
-  };
-  each_run({"traincoord_run_state", "gauge", "1 for the state the run is in."},
-           [&](const Run& r, const std::string& l) {
-             for (RunState st : {RunState::kRunning, RunState::kCompleted, RunState::kEarlyStopped,
-                                 RunState::kCancelled, RunState::kFailed}) {
-               series("traincoord_run_state",
-                      l + ",state=\"" + std::string(run_state_name(st)) + "\"",
-                      r.state() == st ? 1 : 0);
-             }
-           });
-  each_run({"traincoord_run_epochs_done", "gauge", "Train epochs closed."},
-           [&](const Run& r, const std::string& l) {
-             double done = 0;
-             for (const Epoch& e : r.epochs()) done += e.plan.set == SetKind::kTrain && e.closed();
-             series("traincoord_run_epochs_done", l, done);
-           });
-  each_run({"traincoord_run_target_epoch", "gauge", "The epoch training runs up to."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_target_epoch", l, static_cast<double>(r.plan().target_epoch));
-           });
-  each_run(
-      {"traincoord_run_jobs", "gauge", "Jobs of the run by state (open: of open epochs)."},
-      [&](const Run& r, const std::string& l) {
-        const Progress p = progress_of(r, now);
-        series("traincoord_run_jobs", l + ",state=\"open\"", static_cast<double>(p.open));
-        series("traincoord_run_jobs", l + ",state=\"running\"", static_cast<double>(p.running));
-        series("traincoord_run_jobs", l + ",state=\"done\"", static_cast<double>(p.done));
-        series("traincoord_run_jobs", l + ",state=\"failed\"", static_cast<double>(p.failed));
-        series("traincoord_run_jobs", l + ",state=\"planned\"", static_cast<double>(p.planned));
-      });
-  each_run({"traincoord_run_lease_expiries_total", "counter", "Leases that ran out."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_lease_expiries_total", l,
-                    static_cast<double>(r.counters().lease_expiries));
-           });
-  each_run({"traincoord_run_rehandouts_total", "counter", "Jobs handed out again."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_rehandouts_total", l,
-                    static_cast<double>(r.counters().rehandouts));
-           });
-  each_run({"traincoord_run_completions_accepted_total", "counter", "Completions counted."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_completions_accepted_total", l,
-                    static_cast<double>(r.counters().completions_accepted));
-           });
-  each_run({"traincoord_run_completions_rejected_total", "counter",
-            "Completions not counted: repeated or late (duplicate), another worker's lease "
-            "(foreign), a lease never issued (unknown)."},
-           [&](const Run& r, const std::string& l) {
-             const RunCounters& c = r.counters();
-             series("traincoord_run_completions_rejected_total", l + ",reason=\"duplicate\"",
-                    static_cast<double>(c.completions_duplicate));
-             series("traincoord_run_completions_rejected_total", l + ",reason=\"foreign\"",
-                    static_cast<double>(c.completions_foreign));
-             series("traincoord_run_completions_rejected_total", l + ",reason=\"unknown\"",
-                    static_cast<double>(c.completions_unknown));
-           });
-  each_run({"traincoord_run_jobs_failed_total", "counter", "Jobs given up after max_attempts."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_jobs_failed_total", l,
-                    static_cast<double>(r.counters().jobs_failed));
-           });
-  each_run({"traincoord_run_last_loss", "gauge", "The loss of the last closed epoch of each set."},
-           [&](const Run& r, const std::string& l) {
-             for (SetKind set : {SetKind::kTrain, SetKind::kDev}) {
-               for (auto it = r.epochs().rbegin(); it != r.epochs().rend(); ++it) {
-                 if (it->plan.set != set || !it->closed()) continue;
-                 series("traincoord_run_last_loss",
-                        l + ",set=\"" + std::string(set_name(set)) + "\"", it->loss);
-                 break;
-               }
-             }
-           });
-  each_run({"traincoord_run_best_dev_value", "gauge", "The best value early stopping has seen."},
-           [&](const Run& r, const std::string& l) {
-             if (r.early_stop().state().best_epoch) {
-               series("traincoord_run_best_dev_value", l, r.early_stop().state().best_value);
-             }
-           });
-  each_run({"traincoord_run_best_epoch", "gauge", "The epoch whose checkpoint to keep."},
-           [&](const Run& r, const std::string& l) {
-             if (auto b = r.early_stop().state().best_epoch) {
-               series("traincoord_run_best_epoch", l, static_cast<double>(*b));
-             }
-           });
-  each_run({"traincoord_run_early_stop_wait", "gauge", "Dev epochs since the last improvement."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_early_stop_wait", l, r.early_stop().state().wait);
-           });
-  each_run({"traincoord_run_early_stopped", "gauge", "1 once early stopping has fired."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_early_stopped", l, r.early_stop().state().stopped ? 1 : 0);
-           });
-  each_run({"traincoord_run_cuts_total", "counter", "Checkpoint cuts completed."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_cuts_total", l, static_cast<double>(r.counters().cuts));
-           });
-  each_run({"traincoord_run_restores_total", "counter",
-            "Restores of a cut (or fresh starts) by a new group."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_restores_total", l, static_cast<double>(r.counters().restores));
-           });
-  each_run({"traincoord_run_jobs_withdrawn_total", "counter",
-            "Completed jobs reopened by restores (their losses withdrawn)."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_jobs_withdrawn_total", l,
-                    static_cast<double>(r.counters().jobs_withdrawn));
-           });
-  each_run({"traincoord_run_generation", "gauge",
-            "The run's generation: + 1 for every group that took it over."},
-           [&](const Run& r, const std::string& l) {
-             series("traincoord_run_generation", l, static_cast<double>(r.generation()));
-           });
-  // Per worker, capped: the first kWorkersPerRunInMetrics workers of a run by id get their own
-  // series; the others are summed into worker="_other" (jobs) or take the largest age.
-  auto each_worker = [&](const Family& f, auto&& value, bool sum) {
-    head(f);
-    for (const Run* run : runs) {
-      const std::string l = "run=\"" + prometheus_escape(run->config().name) + "\"";
-      double other = 0;
-      bool any_other = false;
-      for (size_t i = 0; i < run->workers().size(); ++i) {
-        const double v = value(run->workers()[i]);
-        if (i < kWorkersPerRunInMetrics) {
-          series(f.name, l + ",worker=\"" + prometheus_escape(run->workers()[i].name) + "\"", v);
-        } else {
-          other = any_other ? (sum ? other + v : std::max(other, v)) : v;
-          any_other = true;
-        }
-      }
-      if (any_other) series(f.name, l + ",worker=\"_other\"", other);
-    }
-  };
-  each_worker(
-      {"traincoord_worker_jobs_done_total", "counter", "Jobs a worker completed."},
-      [](const WorkerInfo& w) { return static_cast<double>(w.jobs_done); }, true);
-  each_worker(
-      {"traincoord_worker_last_seen_age_seconds", "gauge",
-       "Seconds since a worker's last request or heartbeat."},
-      [&](const WorkerInfo& w) { return static_cast<double>(now - w.last_seen) / 1000.0; }, false);
-  return out;
+  return traincoord::metrics_text(engine_.runs(), clock_.now(), kWorkersPerRunInMetrics);
 }
 
 std::string_view Api::run_of(std::string_view target) {
@@ -1290,120 +855,6 @@ std::pair<size_t, size_t> epoch_range(size_t count, uint64_t from, uint64_t limi
   return {begin, begin + static_cast<size_t>(std::min<uint64_t>(limit, count - begin))};
 }
 
-// The recent completions a history lists: those numbered after `jobs_after`. A completion's
-// number is its place among the run's counted completions (counters.completions_accepted is
-// the newest one's), so a poller that remembers the last it saw asks only for the newer ones.
-struct RecentJobs {
-  size_t begin = 0;      // index of the first listed in recent_completions()
-  uint64_t first_n = 0;  // the number of recent_completions()[0]
-  uint64_t total = 0;    // the number of the newest counted completion
-};
-
-RecentJobs recent_jobs(const Run& run, uint64_t jobs_after) {
-  const auto& recent = run.recent_completions();
-  RecentJobs r;
-  r.total = run.counters().completions_accepted;
-  r.first_n = r.total - std::min<uint64_t>(r.total, recent.size()) + 1;
-  if (jobs_after >= r.first_n) {
-    r.begin = static_cast<size_t>(std::min<uint64_t>(jobs_after - r.first_n + 1, recent.size()));
-  }
-  return r;
-}
-
-// The fields of one epoch of the history (JSON and JSON lines).
-void write_history_epoch(JsonWriter& j, const Epoch& e, TimeMs now) {
-  j.field("set", set_name(e.plan.set)).field("epoch", e.plan.epoch);
-  j.field("closed", e.closed()).key("loss");
-  if (e.closed()) {
-    j.value(e.loss);
-  } else {
-    j.null();
-  }
-  j.key("metrics").begin_object();
-  for (const Epoch::MetricSum& ms : e.metrics) j.field(ms.name, e.metric(ms.name, true));
-  j.end_object().field("done", e.done).field("jobs", e.plan.size());
-  j.key("closed_ago_ms");
-  if (e.closed_at) {
-    j.value(now - *e.closed_at);
-  } else {
-    j.null();
-  }
-}
-
-// The fields of one recent completion of the history (JSON and JSON lines).
-void write_history_job(JsonWriter& j, const RecentCompletion& c, uint64_t n, TimeMs now) {
-  j.field("n", n).field("set", set_name(c.set)).field("epoch", c.epoch).field("job", c.job);
-  j.field("loss", c.loss).field("ago_ms", now - c.time);
-}
-
-// One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
-void csv_field(std::string& out, std::string_view v) {
-  if (v.find_first_of(",\"\r\n") == std::string_view::npos) {
-    out += v;
-    return;
-  }
-  out += '"';
-  for (char c : v) {
-    if (c == '"') out += '"';
-    out += c;
-  }
-  out += '"';
-}
-
-// A number as the JSON replies write it: the shortest text that reads back the same; empty
-// (JSON's null) when not finite.
-std::string csv_number(double v) {
-  if (!std::isfinite(v)) return "";
-  char buf[32];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  assert(ec == std::errc());
-  return std::string(buf, end);
-}
-
-// The history as CSV: a header, then a row per epoch, then a row per recent completion; the
-// `kind` column says which. One `metric.NAME` column per metric any epoch holds.
-std::string history_csv(const Run& run, std::pair<size_t, size_t> epochs, const RecentJobs& jobs,
-                        TimeMs now) {
-  std::vector<std::string> names;
-  for (size_t i = epochs.first; i < epochs.second; ++i) {
-    for (const Epoch::MetricSum& ms : run.epochs()[i].metrics) {
-      if (std::find(names.begin(), names.end(), ms.name) == names.end()) names.push_back(ms.name);
-    }
-  }
-  std::string out = "kind,set,epoch,job,closed,loss,done,jobs,ago_ms";
-  for (const std::string& n : names) {
-    out += ',';
-    csv_field(out, "metric." + n);
-  }
-  out += "\r\n";
-  for (size_t i = epochs.first; i < epochs.second; ++i) {
-    const Epoch& e = run.epochs()[i];
-    out += "epoch,";
-    out += set_name(e.plan.set);
-    out += ',' + std::to_string(e.plan.epoch) + ",," + (e.closed() ? "true" : "false") + ',';
-    out += e.closed() ? csv_number(e.loss) : "";
-    out += ',' + std::to_string(e.done) + ',' + std::to_string(e.plan.size()) + ',';
-    if (e.closed_at) out += std::to_string(now - *e.closed_at);
-    for (const std::string& n : names) {
-      out += ',';
-      const bool has = std::any_of(e.metrics.begin(), e.metrics.end(),
-                                   [&](const Epoch::MetricSum& ms) { return ms.name == n; });
-      if (has) out += csv_number(e.metric(n, true));
-    }
-    out += "\r\n";
-  }
-  for (size_t i = jobs.begin; i < run.recent_completions().size(); ++i) {
-    const RecentCompletion& c = run.recent_completions()[i];
-    out += "job,";
-    out += set_name(c.set);
-    out += ',' + std::to_string(c.epoch) + ',' + std::to_string(c.job) + ",," + csv_number(c.loss) +
-           ",,," + std::to_string(now - c.time);
-    out.append(names.size(), ',');
-    out += "\r\n";
-  }
-  return out;
-}
-
 }  // namespace
 
 Api::Request::Reply Api::Request::status(Request& r) {
@@ -1411,22 +862,16 @@ Api::Request::Reply Api::Request::status(Request& r) {
   // rebuilds the state exactly. The server's tick expires leases (and logs that it did).
   TC_TRY_ASSIGN(shown, query_uint(r.http.target, "epochs", kEpochsShown, kMaxEpochsShown));
   JsonWriter j;
-  write_status(j, *r.run, r.now, shown);
+  write_status(j, *r.run, r.now, shown, wall_now(r.api.wall_));
   return ok(j);
 }
 
 Api::Request::Reply Api::Request::epochs(Request& r) {
   TC_TRY_ASSIGN(from, query_uint(r.http.target, "from", 0, UINT64_MAX));
   TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", kMaxEpochsShown, kMaxEpochsShown));
-  const auto& epochs = r.run->epochs();
-  const auto [begin, end] = epoch_range(epochs.size(), from, limit);
   JsonWriter j;
-  j.begin_object().field("run", r.run->config().name).field("generation", r.run->generation());
-  j.field("epochs_total", static_cast<uint64_t>(epochs.size()));
-  j.field("epochs_from", static_cast<uint64_t>(begin));
-  j.key("epochs").begin_array();
-  for (size_t i = begin; i < end; ++i) write_epoch(j, epochs[i], r.now);
-  j.end_array().end_object();
+  write_epochs_page(j, *r.run, epoch_range(r.run->epochs().size(), from, limit), r.now,
+                    wall_now(r.api.wall_));
   return ok(j);
 }
 
@@ -1444,47 +889,16 @@ Api::Request::Reply Api::Request::history(Request& r) {
   TC_TRY_ASSIGN(limit, query_uint(r.http.target, "limit", UINT64_MAX, UINT64_MAX));
   TC_TRY_ASSIGN(jobs_after, query_uint(r.http.target, "jobs_after", 0, UINT64_MAX));
   const Run& run = *r.run;
-  const auto range = epoch_range(run.epochs().size(), from, limit);
-  const RecentJobs jobs = recent_jobs(run, jobs_after);
-  const auto& recent = run.recent_completions();
+  const HistoryPage page{epoch_range(run.epochs().size(), from, limit), jobs_after,
+                         wall_now(r.api.wall_)};
   if (format == "csv") {
-    return HttpReply{200, history_csv(run, range, jobs, r.now), {}, "text/csv; charset=utf-8"};
+    return HttpReply{200, history_csv(run, page, r.now), {}, "text/csv; charset=utf-8"};
   }
   if (format == "jsonl") {
-    std::string out;
-    for (size_t i = range.first; i < range.second; ++i) {
-      JsonWriter j;
-      j.begin_object().field("kind", "epoch");
-      write_history_epoch(j, run.epochs()[i], r.now);
-      out += j.end_object().take();
-      out += '\n';
-    }
-    for (size_t i = jobs.begin; i < recent.size(); ++i) {
-      JsonWriter j;
-      j.begin_object().field("kind", "job");
-      write_history_job(j, recent[i], jobs.first_n + i, r.now);
-      out += j.end_object().take();
-      out += '\n';
-    }
-    return HttpReply{200, std::move(out), {}, "application/x-ndjson"};
+    return HttpReply{200, history_jsonl(run, page, r.now), {}, "application/x-ndjson"};
   }
   JsonWriter j;
-  j.begin_object().field("run", run.config().name).field("generation", run.generation());
-  j.field("epochs_total", static_cast<uint64_t>(run.epochs().size()));
-  j.field("epochs_from", static_cast<uint64_t>(range.first));
-  j.key("epochs").begin_array();
-  for (size_t i = range.first; i < range.second; ++i) {
-    j.begin_object();
-    write_history_epoch(j, run.epochs()[i], r.now);
-    j.end_object();
-  }
-  j.end_array().field("jobs_total", jobs.total).key("jobs").begin_array();
-  for (size_t i = jobs.begin; i < recent.size(); ++i) {
-    j.begin_object();
-    write_history_job(j, recent[i], jobs.first_n + i, r.now);
-    j.end_object();
-  }
-  j.end_array().end_object();
+  write_history(j, run, page, r.now);
   return ok(j);
 }
 
@@ -1552,45 +966,6 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
 }
 
 namespace {
-
-void write_cut(JsonWriter& j, const Cut& c, TimeMs now) {
-  j.begin_object();
-  j.field("id", c.id);
-  j.field("group", c.group);
-  j.field("seq", c.seq);
-  j.field("generation", c.generation);
-  j.field("complete", c.complete());
-  j.field("world_size", static_cast<uint64_t>(c.world_size));
-  j.key("ranks").begin_array();
-  for (uint32_t rank : c.ranks) j.value(static_cast<uint64_t>(rank));
-  j.end_array();
-  j.field("created_ago_ms", now - c.created_at);
-  j.key("completed_ago_ms");
-  if (c.completed_at) {
-    j.value(now - *c.completed_at);
-  } else {
-    j.null();
-  }
-  if (c.complete()) {
-    const RunProgress& p = c.saved;
-    j.field("state", run_state_name(p.state));
-    const Epoch* latest = p.epochs.empty() ? nullptr : &p.epochs.back();
-    for (const Epoch& e : p.epochs) {
-      if (!e.closed()) {
-        latest = &e;
-        break;
-      }
-    }
-    if (latest != nullptr) {
-      j.field("epoch", latest->plan.epoch);
-      j.field("set", set_name(latest->plan.set));
-    }
-    j.field("jobs_done", c.jobs_done);
-    j.field("partial_jobs", c.partial_jobs);
-    j.field("partial_batches", c.partial_batches);
-  }
-  j.end_object();
-}
 
 // "parts": [{"lease": L, "batches": K, "loss": X, "samples": N, "metrics": {...}}, ...].
 Result<std::vector<CutPart>> read_cut_parts(Fields& body) {
@@ -1709,38 +1084,6 @@ HttpReply assignment_reply(const Run& run, const NodeAssignment& a) {
   if (a.state == NodeState::kRestart) j.field("why", a.why);
   j.end_object();
   return HttpReply{200, j.str(), {}, "application/json"};
-}
-
-void write_rendezvous(JsonWriter& j, const Rendezvous& rdzv, TimeMs now) {
-  j.begin_object();
-  j.field("round", rdzv.round());
-  j.field("formed", rdzv.formed());
-  j.field("min_nodes", static_cast<uint64_t>(rdzv.min_nodes()));
-  j.field("max_nodes", static_cast<uint64_t>(rdzv.max_nodes()));
-  j.field("settle_ms", rdzv.settle_ms());
-  j.field("node_timeout_ms", rdzv.node_timeout_ms());
-  // The running round's layout, as it formed (a member that left stays in it).
-  j.key("members").begin_array();
-  for (const Rendezvous::Member& m : rdzv.members()) j.value(m.name);
-  j.end_array();
-  if (rdzv.formed()) {
-    uint64_t world_size = 0;
-    for (const Rendezvous::Member& m : rdzv.members()) world_size += m.nproc;
-    j.field("world_size", world_size);
-    j.field("master_addr", rdzv.master_addr());
-    j.field("master_port", static_cast<uint64_t>(rdzv.master_port()));
-  }
-  // (never a node's secret, nor its hash)
-  j.key("nodes").begin_array();
-  for (const Rendezvous::Node& n : rdzv.nodes()) {
-    j.begin_object();
-    j.field("name", n.name).field("addr", n.addr).field("nproc", static_cast<uint64_t>(n.nproc));
-    j.field("round", n.round).field("last_seen_ago_ms", now - n.last_seen);
-    j.end_object();
-  }
-  j.end_array();
-  j.field("last_end", rdzv.last_end());
-  j.end_object();
 }
 
 }  // namespace

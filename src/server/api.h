@@ -154,6 +154,9 @@ class Api {
 
   // Tells `observer` (null: nobody) of created runs and accepted completions.
   void set_observer(ApiObserver* observer) { observer_ = observer; }
+  // The wall clock the replies' dates are read from (null: the system's; a test's manual one).
+  // REQUIRES: `wall` outlives the Api.
+  void set_wall_clock(const Clock* wall) { wall_ = wall; }
 
   Engine& engine() { return engine_; }
 
@@ -169,6 +172,7 @@ class Api {
   Engine& engine_;
   const Clock& clock_;
   ApiObserver* observer_ = nullptr;
+  const Clock* wall_ = nullptr;  // (set_wall_clock)
   ApiLimits limits_;
   Effect effect_ = Effect::kNone;
   std::string journal_body_;

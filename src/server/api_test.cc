@@ -394,13 +394,18 @@ TEST_F(ApiTest, StatusShowsEpochsWorkersEarlyStopAndEvents) {
 }
 
 // The history as CSV (a row per epoch, then per recent completion, a column per metric) and
-// as JSON lines, with the same figures as the JSON.
+// as JSON lines, with the same figures as the JSON. Each job row names its worker, and each row
+// is dated: the wall clock at the request less the time since (ISO 8601 UTC and ms).
 TEST_F(ApiTest, HistoryComesAsCsvAndJsonLines) {
+  ManualClock wall(1'800'000'000'123);  // 2027-01-15T08:00:00.123Z
+  api_.set_wall_clock(&wall);
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/workers", R"({"name": "b"})");
   for (int lease = 1; lease <= 4; ++lease) {
-    json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+    const std::string worker = std::to_string((lease - 1) % 2);
+    json("POST", "/v1/runs/r/acquire", R"({"worker": )" + worker + "}");
     json("POST", "/v1/runs/r/complete",
-         R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": )" +
+         R"({"worker": )" + worker + R"(, "lease": )" + std::to_string(lease) + R"(, "loss": )" +
              std::to_string(lease) +
              R"(, "samples": 1, "metrics": {"accuracy": 0.5, "top,1": 0.25}})");
     clock_.advance(1000);
@@ -409,13 +414,14 @@ TEST_F(ApiTest, HistoryComesAsCsvAndJsonLines) {
   EXPECT_EQ(csv.status, 200);
   EXPECT_EQ(csv.content_type, "text/csv; charset=utf-8");
   EXPECT_EQ(csv.body,
-            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,metric.accuracy,\"metric.top,1\"\r\n"
-            "epoch,train,0,,true,2.5,4,4,1000,0.5,0.25\r\n"
-            "epoch,dev,0,,false,,0,2,,,\r\n"
-            "job,train,0,0,,1,,,4000,,\r\n"
-            "job,train,0,1,,2,,,3000,,\r\n"
-            "job,train,0,2,,3,,,2000,,\r\n"
-            "job,train,0,3,,4,,,1000,,\r\n");
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,"
+            "metric.accuracy,\"metric.top,1\"\r\n"
+            "epoch,train,0,,true,2.5,4,4,1000,,2027-01-15T07:59:59.123Z,1799999999123,0.5,0.25\r\n"
+            "epoch,dev,0,,false,,0,2,,,,,,\r\n"
+            "job,train,0,0,,1,,,4000,a,2027-01-15T07:59:56.123Z,1799999996123,,\r\n"
+            "job,train,0,1,,2,,,3000,b,2027-01-15T07:59:57.123Z,1799999997123,,\r\n"
+            "job,train,0,2,,3,,,2000,a,2027-01-15T07:59:58.123Z,1799999998123,,\r\n"
+            "job,train,0,3,,4,,,1000,b,2027-01-15T07:59:59.123Z,1799999999123,,\r\n");
 
   const HttpReply lines = reply("GET", "/v1/runs/r/history?x=1&format=jsonl");
   EXPECT_EQ(lines.content_type, "application/x-ndjson");
@@ -434,10 +440,20 @@ TEST_F(ApiTest, HistoryComesAsCsvAndJsonLines) {
   EXPECT_STREQ(rows[5]["kind"].GetString(), "job");
   EXPECT_EQ(rows[5]["job"].GetUint64(), 3u);
   EXPECT_DOUBLE_EQ(rows[5]["loss"].GetDouble(), 4.0);
+  EXPECT_STREQ(rows[5]["worker"].GetString(), "b");
+  EXPECT_STREQ(rows[5]["time"].GetString(), "2027-01-15T07:59:59.123Z");
+  EXPECT_EQ(rows[5]["time_ms"].GetInt64(), 1'799'999'999'123);
+  EXPECT_STREQ(rows[2]["worker"].GetString(), "a");
+  EXPECT_EQ(rows[2]["time_ms"].GetInt64(), 1'799'999'996'123);
+  EXPECT_STREQ(rows[0]["time"].GetString(), "2027-01-15T07:59:59.123Z");
+  EXPECT_TRUE(rows[1]["time"].IsNull() && rows[1]["time_ms"].IsNull()) << "dev 0 is open";
 
   auto plain = json("GET", "/v1/runs/r/history?format=json");
   EXPECT_DOUBLE_EQ(plain["epochs"][0]["loss"].GetDouble(), 2.5);
   EXPECT_EQ(plain["epochs"][0]["closed_ago_ms"].GetInt64(), 1000);
+  EXPECT_EQ(plain["epochs"][0]["time_ms"].GetInt64(), 1'799'999'999'123);
+  EXPECT_STREQ(plain["jobs"][1]["worker"].GetString(), "b");
+  EXPECT_STREQ(plain["jobs"][1]["time"].GetString(), "2027-01-15T07:59:57.123Z");
   auto bad = json("GET", "/v1/runs/r/history?format=xml", "", 400);
   EXPECT_STREQ(bad["error"]["field"].GetString(), "format");
 }

@@ -113,11 +113,30 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
   std::vector<std::string> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
   ASSERT_EQ(rows.size(), 1u + 2u + 4u) << csv;
-  EXPECT_EQ(rows[0], "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,metric.accuracy\r");
+  EXPECT_EQ(
+      rows[0],
+      "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,metric.accuracy\r");
   EXPECT_TRUE(rows[1].starts_with("epoch,train,0,,true,2.5,4,4,")) << rows[1];
   EXPECT_TRUE(rows[1].ends_with(",0.75\r")) << rows[1];
   EXPECT_TRUE(rows[2].starts_with("epoch,dev,0,,false,,0,2,,")) << rows[2];
   EXPECT_TRUE(rows[6].starts_with("job,train,0,3,,4,,,")) << rows[6];
+  // Each job row names its worker and its date: ISO 8601 UTC, and ms since the Unix epoch,
+  // within the minutes this test ran.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      rows[6], m,
+      std::regex(R"(job,train,0,3,,4,,,\d+,a,(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z),(\d+),\r)")))
+      << rows[6];
+  const int64_t unix_ms = std::stoll(m[2]);
+  const int64_t now_ms = static_cast<int64_t>(std::time(nullptr)) * 1000;
+  EXPECT_LE(unix_ms, now_ms + 2'000) << rows[6];
+  EXPECT_GE(unix_ms, now_ms - 600'000) << rows[6];
+  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  char iso[32];
+  std::strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &utc);
+  EXPECT_EQ(m[1].str().substr(0, 19), iso) << "time and time_ms say the same instant";
 
   const std::string jsonl = run_command(
       std::string(TRAINCOORD_BIN) + " history cli --format jsonl --url " + url, &status);
@@ -131,6 +150,10 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
     EXPECT_STREQ(d["kind"].GetString(), n < 2 ? "epoch" : "job") << line;
     if (n == 0) {
       EXPECT_DOUBLE_EQ(d["metrics"]["accuracy"].GetDouble(), 0.75);
+    }
+    if (n >= 2) {
+      EXPECT_STREQ(d["worker"].GetString(), "a") << line;
+      EXPECT_TRUE(d["time"].IsString() && d["time_ms"].IsInt64()) << line;
     }
   }
   EXPECT_EQ(n, 6);
