@@ -157,7 +157,8 @@ class EtcdJournal::Batch final : public JournalBatch {
 };
 
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url) {
-  constexpr std::string_view kScheme = "etcd://";
+  const bool tls = url.substr(0, 8) == "etcds://";
+  const std::string_view kScheme = tls ? "etcds://" : "etcd://";
   std::string shown(url);  // (its password hidden)
   if (const auto at = shown.find('@'); at != std::string::npos) {
     const auto colon = shown.find(':', kScheme.size());
@@ -166,11 +167,13 @@ Result<EtcdJournalOptions> parse_etcd_url(std::string_view url) {
   auto bad = [&](const std::string& why) {
     return invalid_argument(
         "journal", "--journal " + shown + ": " + why +
-                       " (expected etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX])");
+                       " (expected etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX], or "
+                       "etcds://... over TLS)");
   };
   if (url.substr(0, kScheme.size()) != kScheme) return bad("not an etcd:// URL");
   std::string_view rest = url.substr(kScheme.size());
   EtcdJournalOptions options;
+  options.tls.enabled = tls;
   if (const auto at = rest.substr(0, rest.find('/')).rfind('@'); at != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, at);
     const auto colon = userinfo.find(':');
@@ -215,8 +218,8 @@ EtcdJournal::EtcdJournal(EtcdJournalOptions options, int64_t term, int64_t lease
     : options_(std::move(options)),
       term_(term),
       lease_(lease),
-      client_(std::make_unique<etcd::Client>(
-          etcd::ClientOptions{options_.endpoints, options_.timeout})) {
+      client_(std::make_unique<etcd::Client>(etcd::ClientOptions{
+          options_.endpoints, options_.timeout, std::chrono::milliseconds(5000), options_.tls})) {
   if (!options_.user.empty()) client_->authenticate_as(options_.user, options_.password);
 }
 
@@ -232,7 +235,8 @@ Result<std::unique_ptr<EtcdJournal>> EtcdJournal::open(EtcdJournalOptions option
 std::string EtcdJournal::describe() const {
   std::string hosts;
   for (const auto& e : options_.endpoints) hosts += (hosts.empty() ? "" : ",") + e;
-  return "etcd://" + (options_.user.empty() ? "" : options_.user + "@") + hosts + options_.prefix;
+  return (options_.tls.enabled ? "etcds://" : "etcd://") +
+         (options_.user.empty() ? "" : options_.user + "@") + hosts + options_.prefix;
 }
 
 std::string EtcdJournal::key(std::string_view kind, std::string_view run) const {

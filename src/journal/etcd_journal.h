@@ -46,10 +46,12 @@ struct EtcdJournalOptions {
   size_t txn_bytes = 1 << 20;               // a write's txns are split past this (or 100 ops)
   uint64_t compact_every = 1000;            // writes between two compactions of etcd's history
   std::string user, password;               // etcd's authentication (none: empty user)
+  etcd::TlsFiles tls{};                     // HTTPS to the members (etcds://)
 };
 
 // Where an etcd:// journal is: parses "etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX]"
-// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD).
+// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD); "etcds://..." is the
+// same over TLS (tls.enabled; the files are the caller's to set).
 // Returns an error naming the field ("journal") when it is not that.
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url);
 
