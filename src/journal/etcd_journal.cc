@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <zlib.h>
+
 #include "core/run_codec.h"
 
 namespace traincoord {
@@ -88,6 +90,42 @@ bool decode_records(std::string_view run, std::string_view in, std::vector<Recor
     out->push_back(std::move(r));
   }
   return true;
+}
+
+// A log key's value as stored: its records deflated ("Z" RAW_BYTES "\n" ZLIB_BYTES). A wave's
+// records are much alike (the same targets, bodies and replies but for a few numbers): deflated
+// at zlib's fastest level they take a fraction of the bytes, and etcd's cost per write grows
+// with its bytes (a Raft round, then the WAL of each member). A value that starts with a digit
+// is records as they are (as written before; still read).
+std::string pack_records(const std::string& raw) {
+  uLongf size = compressBound(static_cast<uLong>(raw.size()));
+  std::string out = "Z" + std::to_string(raw.size()) + "\n";
+  const size_t at = out.size();
+  out.resize(at + size);
+  const int r = compress2(reinterpret_cast<Bytef*>(out.data() + at), &size,
+                          reinterpret_cast<const Bytef*>(raw.data()),
+                          static_cast<uLong>(raw.size()), Z_BEST_SPEED);
+  TC_ASSERT(r == Z_OK);
+  out.resize(at + size);
+  return out;
+}
+
+// The records of a log key's value (packed or not); false when it is damaged.
+bool unpack_records(const std::string& value, std::string* raw) {
+  if (value.empty() || value[0] != 'Z') {
+    *raw = value;
+    return true;
+  }
+  const auto nl = value.find('\n');
+  if (nl == std::string::npos || nl == 1 || nl > 12) return false;
+  const uint64_t bytes = std::strtoull(value.c_str() + 1, nullptr, 10);
+  if (bytes > (uint64_t{1} << 31)) return false;
+  raw->resize(bytes);
+  uLongf size = static_cast<uLongf>(bytes);
+  const int r = uncompress(reinterpret_cast<Bytef*>(raw->data()), &size,
+                           reinterpret_cast<const Bytef*>(value.data() + nl + 1),
+                           static_cast<uLong>(value.size() - nl - 1));
+  return r == Z_OK && size == bytes;
 }
 
 struct Head {
@@ -325,7 +363,8 @@ Result<void> EtcdJournal::for_each_record(const std::function<Result<void>(const
     if (c == covered.end())
       return failed_precondition(describe() + ": records of run " + run + " without its config");
     std::vector<Record> records;
-    if (!decode_records(run, kv.value, &records))
+    std::string raw;
+    if (!unpack_records(kv.value, &raw) || !decode_records(run, raw, &records))
       return failed_precondition(describe() + ": the record key " + kv.key + " is damaged");
     for (Record& r : records) {
       if (r.seq <= c->second) continue;  // covered by the run's snapshot
@@ -542,7 +581,7 @@ Result<void> EtcdJournal::write(const JournalBatch& taken) {
     if (v == values.end() || v->second.empty()) return {};
     auto r = add({etcd::Operation::Kind::kPut,
                   key("log", run) + "/" + pad20(last[run]),
-                  std::move(v->second),
+                  pack_records(v->second),
                   {},
                   0,
                   0});

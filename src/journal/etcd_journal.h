@@ -11,7 +11,8 @@
 //   PREFIX/snap/RUN              "SEQ TIME GEN CHUNKS BYTES": the run's latest snapshot
 //   PREFIX/chunk/RUN/GEN/I       its bytes, in chunks of at most chunk_bytes (etcd takes
 //                                requests of at most 1.5 MiB by default)
-//   PREFIX/log/RUN/LASTSEQ       records of the run (one wave's, or part of one), encoded
+//   PREFIX/log/RUN/LASTSEQ       records of the run (one wave's, or part of one), encoded,
+//                                deflated
 //
 // Fencing: every write is an etcd txn conditioned on PREFIX/leader still being this
 // leadership's (same create_revision and lease) and on PREFIX/head being the one this journal
