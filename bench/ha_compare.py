@@ -8,7 +8,13 @@ Prints the figures and the ratios with their targets (issue 20: etcd >= 0.5x SQL
 workers; failover under 5 s with the default --lease-ttl). Every process it starts is stopped
 by its PID at the end, also on failure.
 
-    bench/ha_compare.py [--seconds S] [--workers W] [--failovers N]
+    bench/ha_compare.py [--seconds S] [--workers W] [--failovers N] [--rounds R]
+                        [--baseline OTHER_TRAINCOORD]
+
+With --baseline, another build of traincoord (say, of the commit before a change) serves the
+etcd journal too, in turns with this one, on the same etcd cluster (a prefix each): before and
+after, side by side in one run. --rounds R repeats the turns (SQLite, baseline, this build) R
+times; the best of each is printed (the machine is shared: the best is the least disturbed).
 
 Needs build/ (scripts/build) and etcd (scripts/install-deps)."""
 
@@ -117,16 +123,19 @@ def start_etcd(procs, work):
     return endpoints
 
 
-def serve(procs, work, name, args):
+def serve(procs, work, name, args, binary=TRAINCOORD):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    p = procs.start([str(TRAINCOORD), "serve", "--listen", f"127.0.0.1:{port}", *args],
+    p = procs.start([str(binary), "serve", "--listen", f"127.0.0.1:{port}", *args],
                     f"{work}/{name}.out")
     # Ready once it serves runs (with etcd: once it leads, after its election).
     wait_until(f"{name} serving", lambda: http("GET", f"{url}/v1/runs")[0] == 200 or
                p.poll() is not None)
     if p.poll() is not None:
         raise RuntimeError(f"ha_compare: {name} exited:\n" + Path(f"{work}/{name}.out").read_text())
+    if "--journal" in args:  # (a standby answers /v1/runs too)
+        wait_until(f"{name} leading", lambda: (http("GET", f"{url}/v1/coordinator")[1] or {})
+                   .get("role") == "leader")
     return p, url
 
 
@@ -141,6 +150,28 @@ def load(procs, url, server, workers, seconds):
     if figures["violations"] or figures["errors"]:
         raise RuntimeError(f"ha_compare: wrong answers or errors: {figures}")
     return figures
+
+
+def commits(url):
+    """Requests per journal write and the mean write's milliseconds, from the server's /metrics
+    (the whole run, warm-up included)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        for series in ("traincoord_store_commit_batch_requests", "traincoord_store_commit_duration_seconds"):
+            for part in ("_sum", "_count"):
+                if line.startswith(series + part + " "):
+                    values[series + part] = float(line.split()[-1])
+    batch = "traincoord_store_commit_batch_requests"
+    duration = "traincoord_store_commit_duration_seconds"
+    if not values.get(batch + "_count") or not values.get(duration + "_count"):
+        return {}
+    return {"requests_per_write": values[batch + "_sum"] / values[batch + "_count"],
+            "write_ms": 1000 * values[duration + "_sum"] / values[duration + "_count"]}
 
 
 def leader_of(urls):
@@ -202,6 +233,9 @@ def main():
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--failovers", type=int, default=5)
     p.add_argument("--lease-ttl", type=float, default=3)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another traincoord binary, measured on the etcd journal in turns")
     a = p.parse_args()
     for tool in (TRAINCOORD, LOADGEN):
         if not tool.exists():
@@ -212,14 +246,29 @@ def main():
     work = tempfile.mkdtemp(prefix="traincoord-ha-compare-")
     try:
         rows = {}
-        server, url = serve(procs, work, "sqlite", ["--data-dir", f"{work}/sqlite"])
-        rows["sqlite"] = load(procs, url, server, a.workers, a.seconds)
-        procs.stop(server)
-        etcd = start_etcd(procs, work)
-        server, url = serve(procs, work, "etcd", ["--journal", f"etcd://{etcd}/bench"])
-        rows["etcd"] = load(procs, url, server, a.workers, a.seconds)
-        procs.stop(server)
-        times = failovers(procs, work, etcd, a.failovers, a.lease_ttl)
+        etcd = None
+        for r in range(a.rounds):
+            turns = [("sqlite", TRAINCOORD)]
+            if a.baseline:
+                turns.append(("etcd (baseline)", a.baseline))
+            turns.append(("etcd", TRAINCOORD))
+            for name, binary in turns:
+                if name == "sqlite":
+                    args = ["--data-dir", f"{work}/sqlite{r}"]
+                else:
+                    if etcd is None:
+                        etcd = start_etcd(procs, work)
+                    prefix = "/base" if binary != TRAINCOORD else "/bench"
+                    args = ["--journal", f"etcd://{etcd}{prefix}{r}"]
+                server, url = serve(procs, work, f"{name.split()[0]}{r}", args, binary)
+                figures = load(procs, url, server, a.workers, a.seconds)
+                figures.update(commits(url))
+                procs.stop(server)
+                print(f"round {r + 1}: {name}: {figures['cycles_per_s']:.0f} cycles/s",
+                      file=sys.stderr, flush=True)
+                if name not in rows or figures["cycles_per_s"] > rows[name]["cycles_per_s"]:
+                    rows[name] = figures
+        times = failovers(procs, work, etcd, a.failovers, a.lease_ttl) if a.failovers else []
     except BaseException:
         procs.stop_all()
         print(f"ha_compare: failed; the logs are in {work}", file=sys.stderr)
@@ -227,13 +276,20 @@ def main():
     finally:
         procs.stop_all()
     shutil.rmtree(work, ignore_errors=True)
-    print(f"journal  {a.workers} workers, {a.seconds:g} s    cycles/s      p50 µs    p99 µs   "
-          "server CPU µs/cycle")
+    print(f"{f'journal ({a.workers} workers, {a.seconds:g} s)':30}   cycles/s     p50 µs    p99 µs"
+          "   server CPU µs/cycle")
     for name, f in rows.items():
-        print(f"{name:8} {'':22} {f['cycles_per_s']:10.0f} {f['p50_us']:10.0f} "
-              f"{f['p99_us']:9.0f} {f['server_cpu_us_per_cycle']:10.1f}")
+        print(f"{name:30} {f['cycles_per_s']:10.0f} {f['p50_us']:10.0f} "
+              f"{f['p99_us']:9.0f} {f['server_cpu_us_per_cycle']:10.1f}"
+              + (f"   {f['requests_per_write']:.1f} requests per write of {f['write_ms']:.2f} ms"
+                 if "write_ms" in f else ""))
+    if a.baseline:
+        base = rows["etcd (baseline)"]["cycles_per_s"] / rows["sqlite"]["cycles_per_s"]
+        print(f"etcd (baseline) / SQLite throughput: {base:.2f}x")
     ratio = rows["etcd"]["cycles_per_s"] / rows["sqlite"]["cycles_per_s"]
     print(f"etcd / SQLite throughput: {ratio:.2f}x (target >= 0.5x)")
+    if not times:
+        return
     print(f"failover (SIGKILL -> first job from the new leader, --lease-ttl {a.lease_ttl:g}), "
           f"{len(times)} kills: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s "
           f"(target < 5 s); each: {', '.join(f'{t:.2f}' for t in times)}")

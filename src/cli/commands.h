@@ -115,6 +115,9 @@ struct ServeArgs {
   std::string journal;
   std::string advertise_url;  // empty: http(s)://LISTEN_HOST:PORT
   int lease_ttl_s = 3;        // the leader's etcd lease: a failover takes about this long
+  // With --journal etcds://: the CA of the etcd members, and a client certificate and its key
+  // (etcdctl's --cacert, --cert, --key).
+  std::string etcd_cacert, etcd_cert, etcd_key;
 };
 int serve(const ServeArgs& args);
 

@@ -235,7 +235,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   srv->add_option("--journal", serve_args.journal,
                   "keep the state in etcd instead of a data dir, for high availability: "
-                  "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (docs/HA.md)");
+                  "etcd://HOST:PORT[,HOST:PORT...][/PREFIX], or etcds://... over TLS "
+                  "(docs/HA.md)");
+  srv->add_option("--etcd-cacert", serve_args.etcd_cacert,
+                  "with --journal etcds://: PEM CA bundle the etcd members' certificates are "
+                  "verified against (default: the system's CAs)");
+  srv->add_option("--etcd-cert", serve_args.etcd_cert,
+                  "with --journal etcds://: PEM client certificate shown to etcd (its "
+                  "--client-cert-auth)");
+  srv->add_option("--etcd-key", serve_args.etcd_key,
+                  "with --journal etcds://: the PEM private key of --etcd-cert");
   srv->add_option("--advertise-url", serve_args.advertise_url,
                   "with --journal etcd://: the URL clients reach this coordinator at (default: "
                   "the listen address)");

@@ -151,6 +151,19 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                     ServerOptions options, sigset_t signals) {
   auto etcd_options = parse_etcd_url(args.journal);
   if (!etcd_options) return fail(etcd_options.error().message);
+  if (!etcd_options->tls.enabled &&
+      (!args.etcd_cacert.empty() || !args.etcd_cert.empty() || !args.etcd_key.empty())) {
+    return fail(std::string(!args.etcd_cacert.empty() ? "--etcd-cacert"
+                            : !args.etcd_cert.empty() ? "--etcd-cert"
+                                                      : "--etcd-key") +
+                " needs TLS to etcd: --journal etcds://... (etcd:// is plain HTTP)");
+  }
+  etcd_options->tls.ca_file = args.etcd_cacert;
+  etcd_options->tls.cert_file = args.etcd_cert;
+  etcd_options->tls.key_file = args.etcd_key;
+  if (auto usable = etcd::check_tls_files(etcd_options->tls); !usable) {
+    return fail(usable.error().message);
+  }
   // Replay on takeover reads every record since the snapshot: keep it short by default.
   etcd_options->snapshot_every =
       args.snapshot_every == ServeArgs{}.snapshot_every ? 10'000 : args.snapshot_every;
@@ -203,7 +216,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         election.emplace(*etcd_options, leadership.advertised_url(), args.lease_ttl_s);
         std::string hosts;  // (the journal's url without its password)
         for (const auto& e : etcd_options->endpoints) hosts += (hosts.empty() ? "" : ",") + e;
-        std::cout << "traincoord: state in etcd://"
+        std::cout << "traincoord: state in " << (etcd_options->tls.enabled ? "etcds://" : "etcd://")
                   << (etcd_options->user.empty() ? "" : etcd_options->user + "@") << hosts
                   << etcd_options->prefix << " as " << leadership.advertised_url()
                   << "; listening on " << scheme << "://" << host << ":" << *port << std::endl;
@@ -413,6 +426,12 @@ int serve(const ServeArgs& args) {
     return serve_ha(args, files, options, signals);
   }
   if (!args.advertise_url.empty()) return fail("--advertise-url needs --journal etcd://...");
+  if (!args.etcd_cacert.empty() || !args.etcd_cert.empty() || !args.etcd_key.empty()) {
+    return fail(std::string(!args.etcd_cacert.empty() ? "--etcd-cacert"
+                            : !args.etcd_cert.empty() ? "--etcd-cert"
+                                                      : "--etcd-key") +
+                " needs --journal etcds://...");
+  }
 
   ServerClock clock;
   Engine engine(clock);

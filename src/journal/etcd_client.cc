@@ -5,8 +5,10 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <optional>
 #include <thread>
 
@@ -19,9 +21,46 @@ namespace traincoord::etcd {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 namespace {
+
+// The TLS context of TlsFiles; an error names the flag of the file that cannot be used.
+Result<std::unique_ptr<ssl::context>> make_tls_context(const TlsFiles& tls) {
+  auto ctx = std::make_unique<ssl::context>(ssl::context::tls_client);
+  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                   ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+  beast::error_code ec;
+  if (!tls.ca_file.empty()) {
+    ctx->load_verify_file(tls.ca_file, ec);
+    if (ec)
+      return invalid_argument("etcd-cacert", "--etcd-cacert " + tls.ca_file +
+                                                 ": cannot use it as the CA of the etcd members (" +
+                                                 ec.message() + ")");
+  } else {
+    ctx->set_default_verify_paths(ec);
+  }
+  ctx->set_verify_mode(ssl::verify_peer);
+  if (!tls.cert_file.empty()) {
+    ctx->use_certificate_chain_file(tls.cert_file, ec);
+    if (ec)
+      return invalid_argument("etcd-cert", "--etcd-cert " + tls.cert_file +
+                                               ": cannot use it as the client certificate (" +
+                                               ec.message() + ")");
+    const std::string& key = tls.key_file.empty() ? tls.cert_file : tls.key_file;
+    // (OpenSSL's message says what is wrong with the file, never what is in it)
+    ctx->use_private_key_file(key, ssl::context::pem, ec);
+    if (ec)
+      return invalid_argument("etcd-key", "--etcd-key " + key +
+                                              ": cannot use it as the key of --etcd-cert " +
+                                              tls.cert_file + " (" + ec.message() + ")");
+  } else if (!tls.key_file.empty()) {
+    return invalid_argument(
+        "etcd-key", "--etcd-key " + tls.key_file + " needs --etcd-cert (the client certificate)");
+  }
+  return ctx;
+}
 
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -95,6 +134,13 @@ bool read_kvs(const rapidjson::Value& o, RangeResult* out) {
 
 }  // namespace
 
+Result<void> check_tls_files(const TlsFiles& tls) {
+  if (!tls.enabled) return {};
+  auto ctx = make_tls_context(tls);
+  if (!ctx) return tl::unexpected(ctx.error());
+  return {};
+}
+
 std::string prefix_end(std::string_view prefix) {
   std::string end(prefix);
   while (!end.empty()) {
@@ -167,12 +213,24 @@ class Client::Impl {
  public:
   explicit Impl(ClientOptions options) : options_(std::move(options)) {
     TC_ASSERT(!options_.endpoints.empty());
+    if (options_.tls.enabled) {
+      auto ctx = make_tls_context(options_.tls);
+      if (ctx) {
+        tls_context_ = std::move(*ctx);
+      } else {
+        tls_error_ = ctx.error().message;  // (each call says it)
+      }
+    }
   }
 
   // POSTs `body` to `path` at the current member, failing over to the others. Returns the
   // parsed reply, or why no member answered / what etcd refused.
   Result<rapidjson::Document> call(const std::string& path, const std::string& body) {
     Error last{ErrorCode::kFailedPrecondition, "no etcd endpoint", "", {}};
+    if (!tls_error_.empty()) {
+      last.message = tls_error_;
+      return tl::unexpected(last);
+    }
     const auto deadline = std::chrono::steady_clock::now() + options_.give_up_after;
     for (size_t attempt = 0;; ++attempt) {
       if (attempt > 0) {
@@ -246,18 +304,26 @@ class Client::Impl {
   std::optional<std::string> exchange(const std::string& endpoint, const std::string& path,
                                       const std::string& body, std::string* reply, int* status) {
     beast::error_code ec;
-    if (!stream_) {
+    if (!connected()) {
       const auto colon = endpoint.rfind(':');
       if (colon == std::string::npos) return "not HOST:PORT";
+      const std::string host = endpoint.substr(0, colon);
       tcp::resolver resolver(io_);
-      auto found = resolver.resolve(endpoint.substr(0, colon), endpoint.substr(colon + 1), ec);
+      auto found = resolver.resolve(host, endpoint.substr(colon + 1), ec);
       if (ec) return "cannot resolve: " + ec.message();
-      stream_.emplace(io_);
-      stream_->expires_after(options_.timeout);
-      stream_->async_connect(found, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
+      if (tls_context_) {
+        tls_stream_.emplace(io_, *tls_context_);
+      } else {
+        stream_.emplace(io_);
+      }
+      lowest().expires_after(options_.timeout);
+      lowest().async_connect(found, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
       run();
       if (ec) return "cannot connect: " + ec.message();
-      stream_->socket().set_option(tcp::no_delay(true), ec);
+      lowest().socket().set_option(tcp::no_delay(true), ec);
+      if (tls_stream_) {
+        if (auto why = handshake(host)) return why;
+      }
       token_.clear();
       if (!user_.empty()) {
         // A token per connection: etcd's simple tokens are only good on the member that gave
@@ -297,15 +363,24 @@ class Client::Impl {
     if (!token_.empty()) req.set(http::field::authorization, token_);
     req.body() = body;
     req.prepare_payload();
-    stream_->expires_after(options_.timeout);
-    http::async_write(*stream_, req, [&](beast::error_code e, size_t) { ec = e; });
+    lowest().expires_after(options_.timeout);
+    on_stream(
+        [&](auto& s) { http::async_write(s, req, [&](beast::error_code e, size_t) { ec = e; }); });
     run();
     if (ec) return "cannot send: " + ec.message();
     http::response_parser<http::string_body> parser;
     parser.body_limit(64u << 20);
     buffer_.clear();
-    http::async_read(*stream_, buffer_, parser, [&](beast::error_code e, size_t) { ec = e; });
+    on_stream([&](auto& s) {
+      http::async_read(s, buffer_, parser, [&](beast::error_code e, size_t) { ec = e; });
+    });
     run();
+    if (ec && ec.category() == asio::error::get_ssl_category())
+      return "TLS: the member ended the connection: " + ec.message() +
+             (options_.tls.cert_file.empty()
+                  ? " (does it require a client certificate? --etcd-cert, --etcd-key)"
+                  : " (is --etcd-cert " + options_.tls.cert_file +
+                        " signed by the CA of its --trusted-ca-file?)");
     if (ec)
       return ec == beast::error::timeout
                  ? "no answer within " + std::to_string(options_.timeout.count()) + " ms"
@@ -317,21 +392,62 @@ class Client::Impl {
     return std::nullopt;
   }
 
+  // Verifies the member's certificate against the CA and the endpoint's host (a name or an IP
+  // address). Returns why the handshake failed, or nothing.
+  std::optional<std::string> handshake(const std::string& host) {
+    beast::error_code ec;
+    (void)asio::ip::make_address(host, ec);
+    if (ec) SSL_set_tlsext_host_name(tls_stream_->native_handle(), host.c_str());  // (a name)
+    tls_stream_->set_verify_callback(ssl::host_name_verification(host));
+    lowest().expires_after(options_.timeout);
+    tls_stream_->async_handshake(ssl::stream_base::client, [&](beast::error_code e) { ec = e; });
+    run();
+    if (!ec) return std::nullopt;
+    if (ec == beast::error::timeout)
+      return "TLS handshake: no answer within " + std::to_string(options_.timeout.count()) + " ms";
+    std::string why = ec.message();
+    if (const long v = SSL_get_verify_result(tls_stream_->native_handle()); v != X509_V_OK) {
+      why = std::string("its certificate is not trusted: ") + X509_verify_cert_error_string(v) +
+            (options_.tls.ca_file.empty()
+                 ? " (checked against the system's CAs; give the CA "
+                   "that signed it with --etcd-cacert)"
+                 : " (checked against --etcd-cacert " + options_.tls.ca_file + ")");
+    }
+    return "TLS handshake failed: " + why;
+  }
+
+  bool connected() const { return stream_ || tls_stream_; }
+  beast::tcp_stream& lowest() {
+    return tls_stream_ ? beast::get_lowest_layer(*tls_stream_) : *stream_;
+  }
+  template <class F>
+  void on_stream(F&& f) {
+    if (tls_stream_) {
+      f(*tls_stream_);
+    } else {
+      f(*stream_);
+    }
+  }
+
   void run() {
     io_.restart();
     io_.run();
   }
 
   void disconnect() {
-    if (!stream_) return;
+    if (!connected()) return;
     beast::error_code ignored;
-    stream_->socket().close(ignored);
+    lowest().socket().close(ignored);  // (no TLS close_notify: the member does not need it)
     stream_.reset();
+    tls_stream_.reset();
   }
 
   ClientOptions options_;
   asio::io_context io_;
-  std::optional<beast::tcp_stream> stream_;
+  std::unique_ptr<ssl::context> tls_context_;  // HTTPS (options_.tls); none: plain HTTP
+  std::string tls_error_;                      // why options_.tls cannot be used, if so
+  std::optional<beast::tcp_stream> stream_;    // the connection (plain HTTP)...
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_stream_;  // ...or this one (HTTPS)
   beast::flat_buffer buffer_;
   std::string user_, password_;  // etcd auth (none: empty user)
   std::string token_;            // of the current connection (etcd auth), if any

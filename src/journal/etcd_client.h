@@ -3,10 +3,10 @@
 // and the member status. Keys and values go base64 on the wire; this class takes and returns
 // raw bytes.
 //
-// One connection at a time (HTTP/1.1 keep-alive) to one member of the endpoint list; when a
-// member does not answer within the timeout, refuses the connection, or says it has no leader,
-// the call goes to the next member, round and round until give_up_after. Not thread-safe: one
-// client per thread.
+// One connection at a time (HTTP/1.1 keep-alive, or HTTPS: TlsFiles) to one member of the endpoint
+// list; when a member does not answer within the timeout, refuses the connection, or says it has no
+// leader, the call goes to the next member, round and round until give_up_after. Not thread-safe:
+// one client per thread.
 //
 // A call that timed out may still have been applied: a txn retried on another member may find
 // its own earlier effect (callers that care make their txns recognise it; see etcd_journal.cc).
@@ -75,12 +75,27 @@ struct MemberStatus {
   std::string version;
 };
 
+// TLS to etcd (etcdctl's --cacert, --cert, --key): the members are verified against `ca_file`
+// (empty: the system's CAs) and the host of their endpoint (a name or an IP address in their
+// certificate); with `cert_file`, the client shows that certificate (etcd's
+// --client-cert-auth), its key in `key_file` (empty: in `cert_file`).
+struct TlsFiles {
+  bool enabled = false;  // false: plain HTTP, the files unused
+  std::string ca_file, cert_file, key_file;
+};
+
+// Checks that the files of `tls` can be used (readable PEM, a key that matches the
+// certificate). Returns an error naming the flag ("etcd-cacert", "etcd-cert", "etcd-key") and
+// the file, never the key's bytes.
+Result<void> check_tls_files(const TlsFiles& tls);
+
 struct ClientOptions {
   std::vector<std::string> endpoints;       // "host:port"
   std::chrono::milliseconds timeout{2000};  // per attempt at one member
   // A call tries the members in turn until one answers or this much time has passed (etcd
   // elects a new Raft leader within about two election timeouts of losing one).
   std::chrono::milliseconds give_up_after{5000};
+  TlsFiles tls{};  // HTTPS to every member when enabled
 };
 
 // The key just past every key that starts with `prefix` (etcd's "prefix" range end).

@@ -17,7 +17,7 @@ EtcdElection::EtcdElection(const EtcdJournalOptions& options, std::string advert
           // not hold the leader past it.
           etcd::ClientOptions{options.endpoints,
                               std::min(options.timeout, std::chrono::milliseconds(500)),
-                              std::chrono::milliseconds(ttl_s * 1000 / 3)})) {
+                              std::chrono::milliseconds(ttl_s * 1000 / 3), options.tls})) {
   if (!options.user.empty()) client_->authenticate_as(options.user, options.password);
 }
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <zlib.h>
+
 #include "core/run_codec.h"
 
 namespace traincoord {
@@ -90,6 +92,42 @@ bool decode_records(std::string_view run, std::string_view in, std::vector<Recor
   return true;
 }
 
+// A log key's value as stored: its records deflated ("Z" RAW_BYTES "\n" ZLIB_BYTES). A wave's
+// records are much alike (the same targets, bodies and replies but for a few numbers): deflated
+// at zlib's fastest level they take a fraction of the bytes, and etcd's cost per write grows
+// with its bytes (a Raft round, then the WAL of each member). A value that starts with a digit
+// is records as they are (as written before; still read).
+std::string pack_records(const std::string& raw) {
+  uLongf size = compressBound(static_cast<uLong>(raw.size()));
+  std::string out = "Z" + std::to_string(raw.size()) + "\n";
+  const size_t at = out.size();
+  out.resize(at + size);
+  const int r = compress2(reinterpret_cast<Bytef*>(out.data() + at), &size,
+                          reinterpret_cast<const Bytef*>(raw.data()),
+                          static_cast<uLong>(raw.size()), Z_BEST_SPEED);
+  TC_ASSERT(r == Z_OK);
+  out.resize(at + size);
+  return out;
+}
+
+// The records of a log key's value (packed or not); false when it is damaged.
+bool unpack_records(const std::string& value, std::string* raw) {
+  if (value.empty() || value[0] != 'Z') {
+    *raw = value;
+    return true;
+  }
+  const auto nl = value.find('\n');
+  if (nl == std::string::npos || nl == 1 || nl > 12) return false;
+  const uint64_t bytes = std::strtoull(value.c_str() + 1, nullptr, 10);
+  if (bytes > (uint64_t{1} << 31)) return false;
+  raw->resize(bytes);
+  uLongf size = static_cast<uLongf>(bytes);
+  const int r = uncompress(reinterpret_cast<Bytef*>(raw->data()), &size,
+                           reinterpret_cast<const Bytef*>(value.data() + nl + 1),
+                           static_cast<uLong>(value.size() - nl - 1));
+  return r == Z_OK && size == bytes;
+}
+
 struct Head {
   int64_t term = 0, seq = 0;
   TimeMs time = 0;
@@ -157,7 +195,8 @@ class EtcdJournal::Batch final : public JournalBatch {
 };
 
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url) {
-  constexpr std::string_view kScheme = "etcd://";
+  const bool tls = url.substr(0, 8) == "etcds://";
+  const std::string_view kScheme = tls ? "etcds://" : "etcd://";
   std::string shown(url);  // (its password hidden)
   if (const auto at = shown.find('@'); at != std::string::npos) {
     const auto colon = shown.find(':', kScheme.size());
@@ -166,11 +205,13 @@ Result<EtcdJournalOptions> parse_etcd_url(std::string_view url) {
   auto bad = [&](const std::string& why) {
     return invalid_argument(
         "journal", "--journal " + shown + ": " + why +
-                       " (expected etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX])");
+                       " (expected etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX], or "
+                       "etcds://... over TLS)");
   };
   if (url.substr(0, kScheme.size()) != kScheme) return bad("not an etcd:// URL");
   std::string_view rest = url.substr(kScheme.size());
   EtcdJournalOptions options;
+  options.tls.enabled = tls;
   if (const auto at = rest.substr(0, rest.find('/')).rfind('@'); at != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, at);
     const auto colon = userinfo.find(':');
@@ -215,8 +256,8 @@ EtcdJournal::EtcdJournal(EtcdJournalOptions options, int64_t term, int64_t lease
     : options_(std::move(options)),
       term_(term),
       lease_(lease),
-      client_(std::make_unique<etcd::Client>(
-          etcd::ClientOptions{options_.endpoints, options_.timeout})) {
+      client_(std::make_unique<etcd::Client>(etcd::ClientOptions{
+          options_.endpoints, options_.timeout, std::chrono::milliseconds(5000), options_.tls})) {
   if (!options_.user.empty()) client_->authenticate_as(options_.user, options_.password);
 }
 
@@ -232,7 +273,8 @@ Result<std::unique_ptr<EtcdJournal>> EtcdJournal::open(EtcdJournalOptions option
 std::string EtcdJournal::describe() const {
   std::string hosts;
   for (const auto& e : options_.endpoints) hosts += (hosts.empty() ? "" : ",") + e;
-  return "etcd://" + (options_.user.empty() ? "" : options_.user + "@") + hosts + options_.prefix;
+  return (options_.tls.enabled ? "etcds://" : "etcd://") +
+         (options_.user.empty() ? "" : options_.user + "@") + hosts + options_.prefix;
 }
 
 std::string EtcdJournal::key(std::string_view kind, std::string_view run) const {
@@ -321,7 +363,8 @@ Result<void> EtcdJournal::for_each_record(const std::function<Result<void>(const
     if (c == covered.end())
       return failed_precondition(describe() + ": records of run " + run + " without its config");
     std::vector<Record> records;
-    if (!decode_records(run, kv.value, &records))
+    std::string raw;
+    if (!unpack_records(kv.value, &raw) || !decode_records(run, raw, &records))
       return failed_precondition(describe() + ": the record key " + kv.key + " is damaged");
     for (Record& r : records) {
       if (r.seq <= c->second) continue;  // covered by the run's snapshot
@@ -538,7 +581,7 @@ Result<void> EtcdJournal::write(const JournalBatch& taken) {
     if (v == values.end() || v->second.empty()) return {};
     auto r = add({etcd::Operation::Kind::kPut,
                   key("log", run) + "/" + pad20(last[run]),
-                  std::move(v->second),
+                  pack_records(v->second),
                   {},
                   0,
                   0});

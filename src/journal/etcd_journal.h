@@ -11,7 +11,8 @@
 //   PREFIX/snap/RUN              "SEQ TIME GEN CHUNKS BYTES": the run's latest snapshot
 //   PREFIX/chunk/RUN/GEN/I       its bytes, in chunks of at most chunk_bytes (etcd takes
 //                                requests of at most 1.5 MiB by default)
-//   PREFIX/log/RUN/LASTSEQ       records of the run (one wave's, or part of one), encoded
+//   PREFIX/log/RUN/LASTSEQ       records of the run (one wave's, or part of one), encoded,
+//                                deflated
 //
 // Fencing: every write is an etcd txn conditioned on PREFIX/leader still being this
 // leadership's (same create_revision and lease) and on PREFIX/head being the one this journal
@@ -46,10 +47,12 @@ struct EtcdJournalOptions {
   size_t txn_bytes = 1 << 20;               // a write's txns are split past this (or 100 ops)
   uint64_t compact_every = 1000;            // writes between two compactions of etcd's history
   std::string user, password;               // etcd's authentication (none: empty user)
+  etcd::TlsFiles tls{};                     // HTTPS to the members (etcds://)
 };
 
 // Where an etcd:// journal is: parses "etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...][/PREFIX]"
-// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD).
+// (a USER without a PASSWORD: the password is $TRAINCOORD_ETCD_PASSWORD); "etcds://..." is the
+// same over TLS (tls.enabled; the files are the caller's to set).
 // Returns an error naming the field ("journal") when it is not that.
 Result<EtcdJournalOptions> parse_etcd_url(std::string_view url);
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,16 +22,27 @@
 
 namespace traincoord::testing {
 
+// HTTPS for the members' client port (the peers talk plain HTTP among themselves): their
+// certificate and key, and with `client_ca`, --client-cert-auth (clients must show a
+// certificate that CA signed).
+struct EtcdTls {
+  std::string cert, key, client_ca;
+};
+
 class EtcdCluster {
  public:
   // Starts `members` members and waits (at most 20 s) until each answers /health. started()
-  // says whether they did; the reason is printed when not.
-  explicit EtcdCluster(int members = 3, std::string binary = "etcd") : binary_(std::move(binary)) {
+  // says whether they did; the reason is printed when not. With `tls`, the client port speaks
+  // HTTPS only, and /health is read from a plain metrics port.
+  explicit EtcdCluster(int members = 3, std::string binary = "etcd",
+                       std::optional<EtcdTls> tls = std::nullopt)
+      : binary_(std::move(binary)), tls_(std::move(tls)) {
     for (int i = 0; i < members; ++i) {
       Member m;
       m.name = "m" + std::to_string(i);
       m.client_port = free_port();
       m.peer_port = free_port();
+      m.health_port = tls_ ? free_port() : m.client_port;
       m.dir = dir_.path() + "/" + m.name;
       members_.push_back(m);
     }
@@ -96,7 +108,8 @@ class EtcdCluster {
     return healthy;
   }
 
-  // A plain HTTP exchange with member `i` (its JSON gateway): the reply's body, or "" on failure.
+  // A plain HTTP exchange with member `i` (its JSON gateway; not with TLS): the reply's body, or
+  // "" on failure.
   std::string post(size_t i, const std::string& path, const std::string& json) const {
     return exchange(members_[i].client_port,
                     "POST " + path +
@@ -109,6 +122,7 @@ class EtcdCluster {
   struct Member {
     std::string name, dir;
     uint16_t client_port = 0, peer_port = 0;
+    uint16_t health_port = 0;  // the client port, or (TLS) a plain metrics port
     pid_t pid = -1;
   };
 
@@ -132,7 +146,8 @@ class EtcdCluster {
 
   void launch(size_t i) {
     Member& m = members_[i];
-    const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+    const std::string client =
+        (tls_ ? "https" : "http") + std::string("://127.0.0.1:") + std::to_string(m.client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
     std::vector<std::string> argv = {binary_,
                                      "--name=" + m.name,
@@ -146,6 +161,15 @@ class EtcdCluster {
                                      "--initial-cluster-token=traincoord-test",
                                      "--logger=zap",
                                      "--log-outputs=" + dir_.path() + "/" + m.name + ".log"};
+    if (tls_) {
+      argv.push_back("--cert-file=" + tls_->cert);
+      argv.push_back("--key-file=" + tls_->key);
+      argv.push_back("--listen-metrics-urls=http://127.0.0.1:" + std::to_string(m.health_port));
+      if (!tls_->client_ca.empty()) {
+        argv.push_back("--client-cert-auth");
+        argv.push_back("--trusted-ca-file=" + tls_->client_ca);
+      }
+    }
     const pid_t pid = fork();
     if (pid == 0) {
       std::vector<char*> cargv;
@@ -167,7 +191,7 @@ class EtcdCluster {
         return false;
       }
       const std::string health =
-          exchange(members_[i].client_port,
+          exchange(members_[i].health_port,
                    "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
       if (health.find("\"health\":\"true\"") != std::string::npos) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -204,6 +228,7 @@ class EtcdCluster {
   }
 
   std::string binary_;
+  std::optional<EtcdTls> tls_;
   TempDir dir_;
   std::vector<Member> members_;
   std::string initial_;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
 #include <random>
 
 #include "core/run_codec.h"
@@ -189,6 +191,47 @@ TEST(EtcdJournal, ARunWrittenThroughTheCoordinatorComesBackExactly) {
   EXPECT_GE(chunks, 2u);
   EXPECT_LT(chunks, state.size() / 700 + 3);
   // Another coordinator brings it back from etcd, byte for byte, and goes on from there.
+  Node reader(wall, std::move(*EtcdJournal::open(options, 0, 0)), true);
+  EXPECT_EQ(reader.state(), state);
+}
+
+// A wave's records go to etcd deflated (fewer bytes per etcd write: its cost grows with them),
+// and a journal whose records were written plain (before they were deflated) is still read.
+TEST(EtcdJournal, RecordsAreDeflatedAndPlainOnesAreStillRead) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster, 100'000);
+  ManualClock wall(1'000'000);
+  EtcdElection election(options, "http://a", 60);
+  std::string state;
+  {
+    std::vector<uint64_t> ids;
+    std::vector<std::optional<uint64_t>> leases;
+    Node leader(wall, lead(election, options), false);
+    ASSERT_EQ(leader.post("/v1/runs", config_json(60)).status, 201);
+    ASSERT_TRUE(drive(leader, wall, 8, 6, &ids, &leases));
+    state = leader.state();
+  }
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  auto logs = client.range("/jt/log/", etcd::prefix_end("/jt/log/"));
+  ASSERT_TRUE(logs) << logs.error().message;
+  ASSERT_GE(logs->kvs.size(), 6u);
+  size_t packed = 0, plain = 0;
+  for (const auto& kv : logs->kvs) {
+    ASSERT_EQ(kv.value[0], 'Z') << kv.key;
+    const auto nl = kv.value.find('\n');
+    std::string raw(std::stoull(kv.value.substr(1, nl - 1)), '\0');
+    uLongf size = static_cast<uLongf>(raw.size());
+    ASSERT_EQ(uncompress(reinterpret_cast<Bytef*>(raw.data()), &size,
+                         reinterpret_cast<const Bytef*>(kv.value.data() + nl + 1),
+                         static_cast<uLong>(kv.value.size() - nl - 1)),
+              Z_OK);
+    ASSERT_EQ(size, raw.size());
+    packed += kv.value.size();
+    plain += raw.size();
+    ASSERT_TRUE(client.put(kv.key, raw));  // as written before records were deflated
+  }
+  EXPECT_LT(packed * 2, plain) << packed << " bytes deflated, " << plain << " plain";
   Node reader(wall, std::move(*EtcdJournal::open(options, 0, 0)), true);
   EXPECT_EQ(reader.state(), state);
 }
