@@ -93,27 +93,36 @@ class Processes {
   }
 
   // Waits until every process has exited, for at most `limit`; returns false (killing the rest)
-  // when some did not.
+  // when some did not. Once one exits other than 0, the rest are killed at once (ranks left
+  // without it would wait for its batches until the limit).
   bool wait_all(std::chrono::seconds limit) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
-    bool all = true;
-    for (size_t i = 0; i < pids_.size(); ++i) {
-      while (pids_[i] > 0) {
+    for (bool running = true; running;) {
+      running = false;
+      bool failed = false;
+      for (size_t i = 0; i < pids_.size(); ++i) {
+        if (pids_[i] <= 0) continue;
         int status = 0;
         if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
           statuses_[i] = status;
           pids_[i] = -1;
-        } else if (std::chrono::steady_clock::now() > deadline) {
-          kill(pids_[i], SIGKILL);
-          waitpid(pids_[i], nullptr, 0);
-          pids_[i] = -1;
-          all = false;
+          failed = failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          running = true;
         }
       }
+      if (running && (failed || std::chrono::steady_clock::now() > deadline)) {
+        for (pid_t& pid : pids_) {
+          if (pid <= 0) continue;
+          kill(pid, SIGKILL);
+          waitpid(pid, nullptr, 0);
+          pid = -1;
+        }
+        return false;
+      }
+      if (running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return all;
+    return true;
   }
 
   // The exit code of process `i` (-1: did not exit on its own).
@@ -265,7 +274,9 @@ TEST_F(ClientSteps, ThreeRanksTrainEverySampleOfEachEpochExactlyOnce) {
   for (const char* a : {"--group", "g1", "--rank", "2", "--world-size", "3", "--prefetch", "2"})
     argv.push_back(a);
   ranks.start(argv);
-  ASSERT_TRUE(ranks.wait_all(std::chrono::seconds(90))) << "the ranks did not finish";
+  ASSERT_TRUE(ranks.wait_all(std::chrono::seconds(90)))
+      << "the ranks did not finish, or one failed:\n"
+      << ranks.err(0) << ranks.err(1) << ranks.err(2);
 
   for (uint32_t r = 0; r < kRanks; ++r) {
     ASSERT_EQ(ranks.exit_code(r), 0) << "rank " << r << ": " << ranks.err(r) << ranks.out(r);
@@ -344,7 +355,8 @@ TEST(ClientStepsLaunch, TheExampleWorkerTrainsAStepModeRunUnderLaunch) {
   launch.start({TRAINCOORD_BIN, "launch", "--config", config, "--in-memory", "--listen",
                 "127.0.0.1:0", "--workers", "3", "--", EXAMPLE_WORKER_BIN, "--job-ms", "1",
                 "--give-up-after", "20"});
-  ASSERT_TRUE(launch.wait_all(std::chrono::seconds(90))) << "launch did not finish";
+  ASSERT_TRUE(launch.wait_all(std::chrono::seconds(90))) << "launch did not finish:\n"
+                                                         << launch.err(0);
   ASSERT_EQ(launch.exit_code(0), 0) << launch.err(0) << launch.out(0);
   // Each rank's lines come out prefixed "[rankN]: ".
   std::vector<std::string> outputs(kRanks);
