@@ -1,9 +1,15 @@
 // An example C++ worker: takes jobs from a coordinator and "trains" on them (a sleep and a
 // synthetic loss), using the traincoord client library. Each counted completion is printed as
 //   accepted SET EPOCH INDEX BATCH,BATCH,...
-// so a test can check that every batch was trained exactly once.
+// so a test can check that every batch was trained exactly once. On a step-mode run
+// (docs/SEMANTICS.md, "Step mode") the worker is one rank of a synchronous group; each of its
+// counted batches is printed as
+//   accepted SET EPOCH INDEX rank=R step=S/STEPS samples=N:SAMPLE,SAMPLE,...
+// and its completion reports the batch's sample count.
 //
 //   example_worker --url http://127.0.0.1:8470 --run example --name w0 --job-ms 5 [--prefetch 2]
+//   example_worker ... --group g1 --rank 0 --world-size 3   # a rank (`traincoord launch` sets
+//                                  # TRAINCOORD_GROUP, RANK and WORLD_SIZE, read when no flag)
 #include <unistd.h>
 
 #include <chrono>
@@ -40,7 +46,27 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch,
                  "jobs fetched ahead on a thread of their own (a JobStream; 0: one round trip "
                  "per job)");
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  auto* rank_flag = app.add_option("--rank", rank,
+                                   "this worker's rank in its group (step mode; default: $RANK "
+                                   "when a group is set)");
+  auto* world_size_flag = app.add_option("--world-size", world_size,
+                                         "the ranks of the group (default: $WORLD_SIZE when a "
+                                         "group is set)");
+  rank_flag->needs(world_size_flag);
+  world_size_flag->needs(rank_flag);
+  app.add_option("--group", options.group,
+                 "the group: one start of the training job (default: $TRAINCOORD_GROUP)");
   CLI11_PARSE(app, argc, argv);
+  if (*rank_flag) {
+    options.rank = rank;
+    options.world_size = world_size;
+  }
+  if (auto from_env = traincoord::client::rank_from_environment(options); !from_env) {
+    std::cerr << "example_worker: " << from_env.error().message << "\n";
+    return 2;
+  }
   if (options.run.empty()) {
     std::cerr << "example_worker: no run to work on: start it with `traincoord launch --config "
                  "RUN.toml -- example_worker` (it sets TRAINCOORD_URL and TRAINCOORD_RUN), or "
@@ -64,10 +90,19 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(job_ms));
     const double loss =
         1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
-    return traincoord::client::Completion{
-        loss, j.batches.size() * 32, {{"accuracy", 1.0 - loss / 2}}};
+    // A step-mode job's batch is its samples; a job-mode job's, batches of 32 samples.
+    const uint64_t samples = j.step_mode() ? j.samples.size() : j.batches.size() * 32;
+    return traincoord::client::Completion{loss, samples, {{"accuracy", 1.0 - loss / 2}}};
   };
   auto print_accepted = [](const traincoord::client::Job& j) {
+    if (j.step_mode()) {
+      std::string samples;
+      for (uint64_t x : j.samples) samples += (samples.empty() ? "" : ",") + std::to_string(x);
+      std::cout << "accepted " << j.set << " " << j.epoch << " " << j.index << " rank=" << j.rank
+                << " step=" << j.step << "/" << j.steps << " samples=" << j.samples.size() << ":"
+                << samples << std::endl;
+      return;
+    }
     std::string batches;
     for (uint64_t b : j.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
     std::cout << "accepted " << j.set << " " << j.epoch << " " << j.index << " " << batches

@@ -19,6 +19,11 @@
 // and, when the run has cuts (restore_required()), restores the cut its checkpoint holds
 // (restore) or goes on from the ledger as it is (start_fresh) before it asks for jobs.
 //
+// Step mode (docs/SEMANTICS.md, "Step mode"): each rank of a synchronous group sets its group,
+// rank and world_size (rank_from_environment() takes them as `traincoord launch` sets them);
+// each job is then one batch of one step (Job::step_mode()), its samples listed in
+// Job::samples: scale the batch's mean loss by Job::loss_scale before backward().
+//
 // Guarantees: every call has a timeout; a coordinator that is down or restarting is retried
 // with exponential backoff and jitter until `give_up_after` (with several coordinators, each in
 // turn, following the leader), then the call fails with a clear error naming every url tried;
@@ -96,6 +101,13 @@ struct Options {
   // and every request of the worker; the coordinator then refuses the requests of a group that
   // was replaced (stale_generation). Empty: ungrouped (independent workers, never fenced).
   std::string group;
+  // Step mode (docs/SEMANTICS.md, "Step mode"): this process's rank in its group and the
+  // group's world size, both or neither (rank < world_size), sent with the registration. A
+  // step-mode run hands a worker only its own rank's batches, and refuses the acquires of a
+  // worker registered without them (rank_required). Unset: not a rank (a run in job mode
+  // ignores them). rank_from_environment() fills them as `traincoord launch` says.
+  std::optional<uint32_t> rank;
+  std::optional<uint32_t> world_size;
 };
 
 struct ClientError {
@@ -135,6 +147,11 @@ inline constexpr std::string_view kRendezvousFull = "rendezvous_full";
 inline constexpr std::string_view kRendezvousSettingsConflict = "rendezvous_settings_conflict";
 // 409: a request names another group than the one its worker registered with.
 inline constexpr std::string_view kGroupMismatch = "group_mismatch";
+// Step mode (docs/SEMANTICS.md, "Step mode"): 409 an acquire of a worker registered without
+// its rank and world size (set Options::rank and world_size); 409 a rank gave another
+// world_size than the ranks of its group before it (a group of another size is a new group).
+inline constexpr std::string_view kRankRequired = "rank_required";
+inline constexpr std::string_view kWorldSizeMismatch = "world_size_mismatch";
 // 421: high availability (several coordinators): this one does not lead the run. Both clients
 // follow it on their own (to the leader it names, else the next url); a program meets it only
 // when no coordinator led the run within give_up_after.
@@ -155,7 +172,15 @@ struct Job {
   int64_t epoch = 0;
   uint64_t index = 0;
   uint64_t jobs_in_epoch = 0;
-  std::vector<uint64_t> batches;
+  std::vector<uint64_t> batches;  // empty in step mode: the batch is `samples`
+  // Step mode (docs/SEMANTICS.md, "Step mode"): one batch of one rank. step_mode() says
+  // whether the job is one; the fields below are set only then.
+  uint32_t rank = 0;              // the rank it belongs to: this worker's
+  uint64_t step = 0;              // 0 <= step < steps, of its epoch
+  uint64_t steps = 0;             // the steps of its epoch: every rank the same
+  double loss_scale = 1;          // multiply the batch's mean loss by it before backward()
+  std::vector<uint64_t> samples;  // the batch: sample indices (empty: take part, zero grad)
+  bool step_mode() const { return steps > 0; }
 };
 
 struct Completion {
@@ -465,6 +490,12 @@ Result<std::string> get(const std::string& url, const std::string& path,
 Result<std::string> post(const std::string& url, const std::string& path, const std::string& body,
                          std::chrono::milliseconds timeout = std::chrono::milliseconds(5'000),
                          const std::string& token = "", size_t max_reply_bytes = kMaxReplyBytes);
+
+// Fills what `traincoord launch` says of this rank into `options` where unset: group from
+// $TRAINCOORD_GROUP, and, when a group is then set, rank and world_size from $RANK and
+// $WORLD_SIZE (both or neither). Fails with invalid_argument naming the variable when one is
+// not a number, or only one of the two is set.
+Result<void> rank_from_environment(Options& options);
 
 // The token from $TRAINCOORD_TOKEN, or the first line of the file $TRAINCOORD_TOKEN_FILE; empty
 // when neither is set.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -184,6 +185,29 @@ Result<void> check_group(const std::string& group) {
       "by the ranks of one start of the training job); got '" +
           group.substr(0, 160) + "'",
       "group"});
+}
+
+// Options::rank and world_size: both or neither, rank < world_size.
+Result<void> check_rank(const Options& options) {
+  if (options.rank.has_value() != options.world_size.has_value()) {
+    const char* missing = options.rank ? "world_size" : "rank";
+    return tl::unexpected(ClientError{
+        0, "invalid_argument",
+        std::string("Options::") + missing + " is unset: give a rank and the world size together",
+        missing});
+  }
+  if (options.world_size && *options.world_size == 0) {
+    return tl::unexpected(ClientError{
+        0, "invalid_argument", "Options::world_size must be at least 1, got 0", "world_size"});
+  }
+  if (options.rank && *options.rank >= *options.world_size) {
+    return tl::unexpected(ClientError{0, "invalid_argument",
+                                      "Options::rank " + std::to_string(*options.rank) +
+                                          " is not below world_size " +
+                                          std::to_string(*options.world_size),
+                                      "rank"});
+  }
+  return {};
 }
 
 std::string default_name() {
@@ -579,6 +603,7 @@ Result<std::unique_ptr<Worker>> Worker::connect(Options options) {
     return tl::unexpected(ClientError{0, "invalid_argument", "Options::run is empty", "run"});
   }
   if (auto ok = check_group(options.group); !ok) return tl::unexpected(ok.error());
+  if (auto ok = check_rank(options); !ok) return tl::unexpected(ok.error());
   if (options.worker_name.empty()) options.worker_name = default_name();
   if (options.token.empty()) options.token = token_from_environment();
   auto coordinators = std::make_shared<Coordinators>(*urls, options);
@@ -603,6 +628,10 @@ Result<void> Worker::register_worker() {
   JsonWriter j;
   j.begin_object().field("name", options_.worker_name);
   if (!options_.group.empty()) j.field("group", options_.group);
+  if (options_.rank) {  // with world_size (connect checked)
+    j.field("rank", static_cast<uint64_t>(*options_.rank));
+    j.field("world_size", static_cast<uint64_t>(*options_.world_size));
+  }
   j.end_object();
   auto reply = call("workers", j.str(), milliseconds(0));
   if (!reply) return tl::unexpected(reply.error());
@@ -1187,6 +1216,47 @@ std::string token_from_environment() {
     return token;
   }
   return "";
+}
+
+Result<void> rank_from_environment(Options& options) {
+  if (options.group.empty()) {
+    if (const char* g = std::getenv("TRAINCOORD_GROUP"); g && *g) options.group = g;
+  }
+  if (options.group.empty() || options.rank || options.world_size) return {};
+  const char* rank = std::getenv("RANK");
+  const char* world_size = std::getenv("WORLD_SIZE");
+  const bool has_rank = rank && *rank;
+  const bool has_world_size = world_size && *world_size;
+  if (!has_rank && !has_world_size) return {};
+  if (has_rank != has_world_size) {
+    const char* missing = has_rank ? "WORLD_SIZE" : "RANK";
+    return tl::unexpected(ClientError{0, "invalid_argument",
+                                      std::string("$") + missing + " is unset while $" +
+                                          (has_rank ? "RANK" : "WORLD_SIZE") +
+                                          " is set: a rank needs both",
+                                      has_rank ? "world_size" : "rank"});
+  }
+  auto number = [](const char* name, const char* text, const char* field) -> Result<uint32_t> {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' ||
+        !std::isdigit(static_cast<unsigned char>(*text)) || v > UINT32_MAX) {
+      return tl::unexpected(ClientError{0, "invalid_argument",
+                                        std::string("$") + name +
+                                            " must be a whole number below 2^32, got '" +
+                                            std::string(text).substr(0, 64) + "'",
+                                        field});
+    }
+    return static_cast<uint32_t>(v);
+  };
+  auto r = number("RANK", rank, "rank");
+  if (!r) return tl::unexpected(r.error());
+  auto w = number("WORLD_SIZE", world_size, "world_size");
+  if (!w) return tl::unexpected(w.error());
+  options.rank = *r;
+  options.world_size = *w;
+  return {};
 }
 
 }  // namespace traincoord::client

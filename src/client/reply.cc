@@ -1,6 +1,8 @@
 #include "client/reply.h"
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 
 #include <rapidjson/document.h>
 
@@ -63,6 +65,10 @@ class Reader {
   int64_t int64(const Value& o, const std::string& path, const char* key) {
     const Value* v = get(o, path, key, &Value::IsInt64, "an integer");
     return v ? v->GetInt64() : 0;
+  }
+  double number(const Value& o, const std::string& path, const char* key) {
+    const Value* v = get(o, path, key, &Value::IsNumber, "a number");
+    return v ? v->GetDouble() : 0;
   }
   bool has(const Value& o, const char* key) const { return o.HasMember(key); }
   // Absent or null: nullopt.
@@ -128,6 +134,35 @@ Job read_job(Reader& r, const Value& v, const std::string& path) {
         break;
       }
       job.batches.push_back(b.GetUint64());
+    }
+  }
+  // Step mode: the job is one rank's batch of one step, its samples listed. All of these or
+  // none (a job-mode job).
+  static constexpr const char* kStepFields[] = {"rank", "step", "steps", "loss_scale", "samples"};
+  if (r.ok() && std::any_of(std::begin(kStepFields), std::end(kStepFields),
+                            [&](const char* key) { return r.has(v, key); })) {
+    job.rank = r.uint32(v, path, "rank");
+    job.step = r.uint64(v, path, "step");
+    job.steps = r.uint64(v, path, "steps");
+    job.loss_scale = r.number(v, path, "loss_scale");
+    if (const Value* samples = r.array(v, path, "samples")) {
+      job.samples.reserve(samples->Size());
+      for (const Value& s : samples->GetArray()) {
+        if (!s.IsUint64()) {
+          r.fail("has field '" + Reader::join(path, "samples") +
+                 "' that holds a value that is not a sample index");
+          break;
+        }
+        job.samples.push_back(s.GetUint64());
+      }
+    }
+    if (r.ok() && job.step >= job.steps) {
+      r.fail("has field '" + Reader::join(path, "step") + "' " + std::to_string(job.step) +
+             " not below its 'steps' " + std::to_string(job.steps));
+    }
+    if (r.ok() && !(std::isfinite(job.loss_scale) && job.loss_scale >= 0)) {
+      r.fail("has field '" + Reader::join(path, "loss_scale") +
+             "' that is not a finite number of at least 0");
     }
   }
   return job;

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include <deque>
 #include <mutex>
@@ -457,6 +460,126 @@ TEST(Reply, NotLeaderNamesTheLeaderItsTermAndTheWait) {
   EXPECT_FALSE(reply::not_leader(421, "not json"));
   EXPECT_FALSE(reply::not_leader(409, R"({"error": {"code": "not_leader"}})"));
   EXPECT_EQ(std::string(codes::kNotLeader), "not_leader");
+}
+
+// Step mode (docs/SEMANTICS.md, "Step mode"): a job is one rank's batch of one step, its
+// samples listed.
+const std::string kStepJob =
+    R"({"lease": 9, "attempt": 1, "set": "train", "epoch": 2, "index": 5, "jobs_in_epoch": 12,
+        "batches": [], "rank": 2, "step": 1, "steps": 4, "loss_scale": 0.75,
+        "samples": [17, 3, 22], "lease_expires_in_ms": 5000})";
+
+// kStepJob with `field` set to `value` (a JSON text), or left out when `value` is empty.
+std::string step_job_with(const std::string& field, const std::string& value) {
+  rapidjson::Document d;
+  d.Parse(kStepJob.c_str());
+  d.RemoveMember(field.c_str());
+  // Rebuilt by hand so that the value's JSON text is exactly `value`.
+  std::string body = "{";
+  for (const auto& m : d.GetObject()) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    m.value.Accept(w);
+    body += "\"" + std::string(m.name.GetString()) + "\": " + b.GetString() + ", ";
+  }
+  if (!value.empty()) body += "\"" + field + "\": " + value + ", ";
+  body.resize(body.size() - 2);
+  return body + "}";
+}
+
+TEST(Reply, AStepModeJobCarriesItsRankStepLossScaleAndSamples) {
+  auto a = reply::acquired(R"({"status": "job", "jobs": [)" + kStepJob + "]}", true, kAcquire);
+  ASSERT_TRUE(a) << a.error().message;
+  ASSERT_EQ(a->jobs.size(), 1u);
+  const Job& j = a->jobs[0];
+  EXPECT_TRUE(j.step_mode());
+  EXPECT_EQ(j.rank, 2u);
+  EXPECT_EQ(j.step, 1u);
+  EXPECT_EQ(j.steps, 4u);
+  EXPECT_DOUBLE_EQ(j.loss_scale, 0.75);
+  EXPECT_EQ(j.samples, (std::vector<uint64_t>{17, 3, 22}));
+  EXPECT_TRUE(j.batches.empty());
+  // An integer loss scale is a number too, and an empty batch (fewer samples than ranks) is one.
+  auto empty = reply::acquired(
+      R"({"status": "job", "job": )" + step_job_with("loss_scale", "0") + "}", false, kAcquire);
+  ASSERT_TRUE(empty) << empty.error().message;
+  EXPECT_EQ(empty->jobs[0].loss_scale, 0.0);
+  auto no_samples = reply::acquired(
+      R"({"status": "job", "job": )" + step_job_with("samples", "[]") + "}", false, kAcquire);
+  ASSERT_TRUE(no_samples) << no_samples.error().message;
+  EXPECT_TRUE(no_samples->jobs[0].samples.empty());
+  EXPECT_TRUE(no_samples->jobs[0].step_mode());
+  // In the "next" of a completion as well.
+  auto c = reply::completion(
+      R"({"outcome": "accepted", "counted": true, "next": {"status": "job", "job": )" + kStepJob +
+          "}}",
+      false, 1, true, kComplete);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->next->jobs[0].samples.size(), 3u);
+}
+
+TEST(Reply, AJobModeJobIsNotAStepModeJob) {
+  auto a = reply::acquired(R"({"status": "job", "job": )" + kJob + "}", false, kAcquire);
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_FALSE(a->jobs[0].step_mode());
+  EXPECT_TRUE(a->jobs[0].samples.empty());
+  EXPECT_EQ(a->jobs[0].loss_scale, 1.0);
+}
+
+TEST(Reply, AStepModeJobWithAFieldMissingOrOfAnotherTypeIsABadReply) {
+  auto refused = [](const std::string& job) {
+    return refusal(reply::acquired(R"({"status": "job", "job": )" + job + "}", false, kAcquire));
+  };
+  for (const char* field : {"rank", "step", "steps", "loss_scale", "samples"}) {
+    EXPECT_NE(refused(step_job_with(field, "")).find(std::string("lacks field 'job.") + field),
+              std::string::npos)
+        << field;
+  }
+  EXPECT_NE(refused(step_job_with("rank", "-1")).find("'job.rank' that is not an unsigned 32"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("rank", "4294967296")).find("'job.rank'"), std::string::npos);
+  EXPECT_NE(refused(step_job_with("step", "1.5")).find("'job.step' that is not an unsigned"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("steps", "\"4\"")).find("'job.steps' that is not an unsigned"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("loss_scale", "\"1\""))
+                .find("'job.loss_scale' that is not a "
+                      "number"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("loss_scale", "null")).find("'job.loss_scale'"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("loss_scale", "-0.5"))
+                .find("'job.loss_scale' that is not a "
+                      "finite number of at least 0"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("samples", "3")).find("'job.samples' that is not an array"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("samples", "[1, -2]")).find("'job.samples' that holds a value"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("samples", "[1, \"2\"]")).find("'job.samples'"),
+            std::string::npos);
+  EXPECT_NE(refused(step_job_with("step", "4")).find("'job.step' 4 not below its 'steps' 4"),
+            std::string::npos);
+  // In a list of jobs, the message names the item.
+  EXPECT_NE(refusal(reply::acquired(R"({"status": "job", "jobs": [)" + kStepJob + ", " +
+                                        step_job_with("samples", "{}") + "]}",
+                                    true, kAcquire))
+                .find("'jobs[1].samples'"),
+            std::string::npos);
+}
+
+TEST(Reply, StepModeRefusalsHaveTheirCodes) {
+  const ClientError e = reply::error(
+      409, R"({"error": {"code": "rank_required", "message": "register with your rank"}})",
+      kAcquire);
+  EXPECT_EQ(e.code, codes::kRankRequired);
+  EXPECT_EQ(e.http_status, 409);
+  EXPECT_EQ(reply::error(409, R"({"error": {"code": "world_size_mismatch", "message": "m"}})",
+                         "POST /v1/runs/r/workers")
+                .code,
+            codes::kWorldSizeMismatch);
+  EXPECT_EQ(std::string(codes::kRankRequired), "rank_required");
+  EXPECT_EQ(std::string(codes::kWorldSizeMismatch), "world_size_mismatch");
 }
 
 }  // namespace
