@@ -82,10 +82,10 @@ def rank_main(args):
         dev = torch.utils.data.DataLoader(dev_set, batch_size=32, sampler=dev_sampler)
         for epoch in range(args.epochs):
             train_sampler.set_epoch(epoch)
-            for x, y in train:
+            for x, y, *_ in train:
                 train_step(x, y)
             with torch.no_grad():
-                for x, y in dev:
+                for x, y, *_ in dev:
                     loss_fn(model(x), y)
     else:
         run = traincoord.Run(args.url, args.run, f"rank{os.environ['RANK']}")
@@ -93,17 +93,17 @@ def rank_main(args):
                                          prefetch=args.prefetch)
         for phase in phases:
             if phase.set == "train" and args.way == "steps":  # every rank: the same steps
-                for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
+                for x, y, *_ in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
                     phase.report(train_step(x, y, phase.loss_scale).item())
             elif phase.set == "train":
                 join = (ddp.join(divide_by_initial_world_size=False) if world > 1
                         else contextlib.nullcontext())
                 with join:
-                    for x, y in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
+                    for x, y, *_ in torch.utils.data.DataLoader(train_set, batch_sampler=phase):
                         phase.report(train_step(x, y).item())
             else:
                 with torch.no_grad():
-                    for x, y in torch.utils.data.DataLoader(dev_set, batch_sampler=phase):
+                    for x, y, *_ in torch.utils.data.DataLoader(dev_set, batch_sampler=phase):
                         phase.report(loss_fn(model(x), y).item())
         run.close()
     elapsed = time.perf_counter() - start
