@@ -445,6 +445,34 @@ def _split_urls(url: "str | list[str] | tuple[str, ...]") -> list[str]:
     return out
 
 
+class _RetryLog:
+    """The warnings of failed requests, rate-limited: a coordinator that is gone costs the log
+    its first failure, then at most one line every ``every`` seconds that counts the retries it
+    stands for, not a line per retry. A request that succeeds starts it over (the next outage
+    is said at once). Shared by the threads of one run (its requests and heartbeats)."""
+
+    every = 10.0  # seconds between two lines of one outage
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: float | None = None  # when the last line was written; None: no outage
+        self._unsaid = 0  # retries since that line
+
+    def retry(self, now: float, message: str, *args: Any) -> None:
+        with self._lock:
+            if self._last is not None and now - self._last < self.every:
+                self._unsaid += 1
+                return
+            unsaid, self._unsaid, self._last = self._unsaid, 0, now
+        if unsaid:
+            message += f" ({unsaid} more retries since the last line)"
+        log.warning(message, *args)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._last, self._unsaid = None, 0
+
+
 class _Coordinators:
     """The coordinators of one run (docs/PYTHON.md, "Several coordinators"): the urls given and
     the leaders they named, which one is believed to lead, and the highest term
@@ -578,7 +606,8 @@ class Run:
     raises CoordinatorError with the code ``http_STATUS``.
 
     Failed requests are retried with a warning on the ``logging.getLogger("traincoord")``
-    logger (the URL and the error).
+    logger (the URL and the error): the first failure of an outage at once, then at most one
+    line every 10 seconds, counting the retries since the last one.
     """
 
     def __init__(self, url: "str | list[str]", run: str, worker: str | None = None, *,
@@ -599,6 +628,7 @@ class Run:
         self.timeout, self.long_poll, self.give_up_after = timeout, long_poll, give_up_after
         self.first_contact_timeout = first_contact_timeout
         self._reached = False  # whether the coordinator has answered this client once
+        self._retry_log = _RetryLog()
         self._feeds: list[JobFeed] = []
         self._pid = os.getpid()
         self._token = token if token is not None else _token_from_environment()
@@ -1033,7 +1063,7 @@ class Run:
         url; no answer, or an answer of an older term than one seen (a deposed leader's,
         ignored), at the next url at once, and after a backoff once every url failed in a row;
         a 5xx at the same coordinator after a backoff. The same body every time: its request
-        id makes the retries idempotent. Each retry logs a warning. one_round: give up once
+        id makes the retries idempotent. The retries are logged as _RetryLog says. one_round: give up once
         every url failed once, without waiting (heartbeats)."""
         conn = conn or self._conn
         co = conn.coordinators
@@ -1084,6 +1114,7 @@ class Run:
                 elif status < 500:
                     self._reached = True
                     if status in (200, 201):
+                        self._retry_log.succeeded()
                         return _parse_reply(data, f"{method} {path}")
                     raise _refusal(method, path, status, one.reason, one.location, data)
                 else:
@@ -1127,9 +1158,9 @@ class Run:
             if pause is None:
                 pause = random.uniform(backoff / 2, backoff)
                 backoff = min(5.0, backoff * 2)
-            log.warning("%s %s%s: %s; retrying in %.1f s (failing for %.0f s, giving up after "
-                        "%.0f s)", method, url, path, last, pause, now - failing_since,
-                        window)
+            self._retry_log.retry(now, "%s %s%s: %s; retrying in %.1f s (failing for %.0f s, "
+                                  "giving up after %.0f s)", method, url, path, last, pause,
+                                  now - failing_since, window)
             time.sleep(pause)
 
     def _give_up(self, tried: dict[str, str], last: str, failing_for: float,
