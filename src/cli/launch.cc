@@ -29,6 +29,7 @@
 #include "cli/commands.h"
 #include "cli/launch_agent.h"
 #include "cli/terminal_text.h"
+#include "client/rendezvous.h"
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "json/json_writer.h"
@@ -172,39 +173,6 @@ std::string progress_line(const std::string& status_json) {
 }  // namespace
 
 namespace {
-
-// What the agent knows of its node's place in the rendezvous: a join or poll reply, read.
-RdzvReply standing_of(const tl::expected<std::string, client::ClientError>& reply) {
-  if (!reply) return tl::unexpected(reply.error());
-  rapidjson::Document d;
-  d.Parse<rapidjson::kParseIterativeFlag>(reply->c_str());  // any depth, no recursion
-  auto text = [&](const char* key) {
-    return d.HasMember(key) && d[key].IsString() ? std::string(d[key].GetString()) : std::string();
-  };
-  auto number = [&](const char* key) {
-    return d.HasMember(key) && d[key].IsUint64() ? d[key].GetUint64() : uint64_t{0};
-  };
-  if (d.HasParseError() || !d.IsObject() || text("state").empty()) {
-    return tl::unexpected(client::ClientError{
-        200, "bad_reply", "a rendezvous reply without its state: " + *reply, ""});
-  }
-  Standing s;
-  const std::string state = text("state");
-  s.state = state == node_state_name(NodeState::kRunning)   ? NodeState::kRunning
-            : state == node_state_name(NodeState::kRestart) ? NodeState::kRestart
-                                                            : NodeState::kWaiting;
-  s.round = number("round");
-  s.node_rank = static_cast<uint32_t>(number("node_rank"));
-  s.nnodes = static_cast<uint32_t>(number("nnodes"));
-  s.world_size = static_cast<uint32_t>(number("world_size"));
-  s.rank_offset = static_cast<uint32_t>(number("rank_offset"));
-  s.master_addr = text("master_addr");
-  s.master_port = static_cast<uint16_t>(number("master_port"));
-  s.group = text("group");
-  s.why = text("why");
-  s.run_state = text("run_state");
-  return s;
-}
 
 // --nnodes MIN[:MAX]
 bool parse_nnodes(const std::string& text, uint32_t* min, uint32_t* max) {
@@ -747,22 +715,33 @@ class AgentDriver {
  private:
   using Next = std::optional<AgentEvent>;
 
+  // One rendezvous call through the client (client/rendezvous.h), its typed answer fed back.
   Next perform(const Request& r) {
-    static constexpr const char* kPaths[] = {"join", "poll", "fail", "leave"};
-    const std::string body = r.call == RdzvCall::kJoin ? join_body() : node_body(r);
-    auto reply = client::post(
-        h_.url, "/v1/runs/" + h_.run_name + "/nodes/" + kPaths[static_cast<int>(r.call)], body,
-        std::chrono::milliseconds(r.timeout_ms), h_.token);
-    return Replied{r.call, standing_of(reply)};
+    const std::chrono::milliseconds timeout(r.timeout_ms);
+    switch (r.call) {
+      case RdzvCall::kJoin:
+        return Replied{r.call, rendezvous_.join(node_join(), timeout)};
+      case RdzvCall::kPoll:
+        return Replied{r.call, rendezvous_.poll(settings_.node, secret_, timeout)};
+      case RdzvCall::kFail:
+        return Replied{r.call, rendezvous_.fail(settings_.node, secret_, r.round, r.why, timeout)};
+      case RdzvCall::kLeave:
+        if (auto left = rendezvous_.leave(settings_.node, secret_, timeout); !left) {
+          return Replied{r.call, tl::unexpected(left.error())};
+        }
+        return Replied{r.call, Standing{}};
+    }
+    return std::nullopt;  // (unreachable: every call is handled above)
   }
   Next perform(const Describe&) {
     return Described{waiting_line(h_.url, h_.run_name, settings_.node, h_.token)};
   }
-  // Waits up to `w.ms` for SIGINT or SIGTERM; then reaps the ranks that exited.
+  // Waits up to `w.ms` for SIGINT or SIGTERM, or a rank's exit (SIGCHLD); then reaps the ranks
+  // that exited.
   Next perform(const Wait& w) {
     timespec wait{static_cast<time_t>(w.ms / 1000), static_cast<long>((w.ms % 1000) * 1'000'000)};
     const int sig = sigtimedwait(&signals_, nullptr, &wait);
-    return Waited{sig > 0 ? sig : 0, ranks_.reap()};
+    return Waited{sig == SIGINT || sig == SIGTERM ? sig : 0, ranks_.reap()};
   }
   Next perform(const StartRanks& s) {
     std::vector<std::vector<std::string>> envs;
@@ -787,25 +766,19 @@ class AgentDriver {
   }
   Next perform(const Finish&) { return std::nullopt; }
 
-  std::string join_body() const {
-    JsonWriter j;
-    j.begin_object();
-    j.field("node", settings_.node).field("secret", secret_).field("addr", args_.node_addr);
-    j.field("nproc", static_cast<uint64_t>(args_.workers));
-    j.field("master_port", static_cast<uint64_t>(free_port()));
-    j.field("min_nodes", static_cast<uint64_t>(min_nodes_));
-    j.field("max_nodes", static_cast<uint64_t>(max_nodes_));
-    j.field("settle_ms", static_cast<uint64_t>(args_.settle_s * 1000));
-    j.field("node_timeout_ms", static_cast<uint64_t>(args_.node_timeout_s * 1000));
-    j.end_object();
-    return j.str();
-  }
-  std::string node_body(const Request& r) const {
-    JsonWriter j;
-    j.begin_object().field("node", settings_.node).field("secret", secret_);
-    if (r.call == RdzvCall::kFail) j.field("round", r.round).field("why", r.why);
-    j.end_object();
-    return j.str();
+  // This node's settings, with a free port for MASTER_PORT drawn anew at every join.
+  NodeJoin node_join() const {
+    NodeJoin join;
+    join.node = settings_.node;
+    join.secret = secret_;
+    join.addr = args_.node_addr;
+    join.nproc = static_cast<uint32_t>(args_.workers);
+    join.master_port = free_port();
+    join.min_nodes = min_nodes_;
+    join.max_nodes = max_nodes_;
+    join.settle_ms = static_cast<TimeMs>(args_.settle_s * 1000);
+    join.node_timeout_ms = static_cast<TimeMs>(args_.node_timeout_s * 1000);
+    return join;
   }
 
   const LaunchArgs& args_;
@@ -814,6 +787,7 @@ class AgentDriver {
   const sigset_t& signals_;
   uint32_t min_nodes_, max_nodes_;
   const std::string secret_ = draw_secret();
+  const client::Rendezvous rendezvous_{h_.url, h_.run_name, h_.token};
   RankSupervisor ranks_;
   ProgressReport progress_;
 };
@@ -905,7 +879,8 @@ int launch(const LaunchArgs& given) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
-  Host host;  // a coordinator in this process (one node), or the one at --url
+  sigaddset(&signals, SIGCHLD);  // a rank's exit ends the agent's wait at once (not at its end)
+  Host host;                     // a coordinator in this process (one node), or the one at --url
   const bool remote = !args.url.empty();
   if (!remote) {
     if (auto code = host_coordinator(args, signals, host)) return *code;

@@ -276,7 +276,7 @@ void LaunchAgent::forming(const RdzvReply& standing, AgentMs now, std::vector<Ag
   trouble_said_.last.reset();
   backoff_ms_ = 0;
   if (standing->state != NodeState::kRunning) {
-    if (standing->run_state != "running" && !standing->run_state.empty()) {
+    if (standing->run_state != RunState::kRunning) {
       // The run ended while this node waited for a group: nothing left to train.
       return leave_and_finish(now, out);
     }

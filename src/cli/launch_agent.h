@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "client/rendezvous.h"
 #include "core/rendezvous.h"
 #include "traincoord/client.h"
 
@@ -32,17 +33,10 @@ struct AgentSettings {
   bool tty = false;            // progress redrawn every 500 ms, else every second
 };
 
-// What the coordinator says of this node's place in the rendezvous (a join or poll reply).
-struct Standing {
-  NodeState state = NodeState::kWaiting;  // (a state the agent does not know: kWaiting)
-  uint64_t round = 0;
-  uint32_t node_rank = 0, nnodes = 0, world_size = 0, rank_offset = 0;
-  std::string master_addr;
-  uint16_t master_port = 0;
-  std::string group;
-  std::string why;        // why the round ended (kRestart, or a poll that ends the group)
-  std::string run_state;  // the run's state ("running", "completed", ...); may be empty
-};
+// What the coordinator says of this node's place in the rendezvous (a join, poll or fail reply):
+// the C++ client's typed assignment, the core's NodeAssignment with the round's group and the
+// run's state (client/rendezvous.h).
+using Standing = client::Assignment;
 
 enum class RdzvCall : uint8_t { kJoin, kPoll, kFail, kLeave };
 using RdzvReply = tl::expected<Standing, client::ClientError>;

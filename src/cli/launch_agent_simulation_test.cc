@@ -188,7 +188,8 @@ class World {
     if (reply || (reply.error().http_status != 0 && !reply.error().code.starts_with("http_"))) {
       reached_ = true;
     }
-    if (forming && reply && reply->state == NodeState::kWaiting && reply->run_state == "running") {
+    if (forming && reply && reply->state == NodeState::kWaiting &&
+        reply->run_state == RunState::kRunning) {
       if (!waiting_since_) waiting_since_ = now_;
       if (now_ - *waiting_since_ >= static_cast<AgentMs>(s_.join_timeout_s * 1000) + 1000) {
         finish_within_ = 4;  // (this reply, Describe, leave, Finish)
@@ -229,7 +230,7 @@ class World {
       }
     }
     Standing s;
-    s.run_state = now_ >= run_ends_at_ ? "completed" : "running";
+    s.run_state = now_ >= run_ends_at_ ? RunState::kCompleted : RunState::kRunning;
     if (r.call == RdzvCall::kFail) {
       s.state = NodeState::kRestart;
       return s;
@@ -247,7 +248,7 @@ class World {
       s.round = running_round_;
       return s;
     }
-    if (s.run_state != "running") return s;  // (the run ended: waiting, nothing to train)
+    if (s.run_state != RunState::kRunning) return s;  // (the run ended: waiting, nothing to train)
     const int d = pick(0, 99);
     if (d < 10) {
       s.state = NodeState::kRestart;

@@ -35,7 +35,7 @@ Standing running_round(uint64_t round) {
   s.master_addr = "10.0.0.2";
   s.master_port = 29500;
   s.group = "rdzv-r" + std::to_string(round);
-  s.run_state = "running";
+  s.run_state = RunState::kRunning;
   return s;
 }
 

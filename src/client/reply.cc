@@ -6,6 +6,8 @@
 
 #include <rapidjson/document.h>
 
+#include "client/rendezvous.h"
+
 namespace traincoord::client::reply {
 
 namespace {
@@ -373,6 +375,78 @@ Result<Restored> restored(const std::string& body, std::string_view what) {
   }
   if (!r.ok()) return tl::unexpected(r.error());
   return out;
+}
+
+namespace {
+
+// The enumerator of `E` (from 0 to `last`) whose name (`name_of`) is field `key`'s value;
+// `what` names the kind in the message when none is.
+template <typename E, typename NameOf>
+E named(Reader& r, const Value& top, const char* key, E last, NameOf name_of, const char* what) {
+  const std::string name = r.string(top, "", key);
+  std::string known;
+  for (int i = 0; i <= static_cast<int>(last); ++i) {
+    const E e = static_cast<E>(i);
+    if (name == name_of(e)) return e;
+    known += (known.empty() ? "" : ", ") + std::string(name_of(e));
+  }
+  r.fail("has field '" + std::string(key) + "' that is '" + name + "', not " + what +
+         " this client knows (" + known + ")");
+  return E{};
+}
+
+// A running node's layout (the fields the coordinator writes only then), checked to hold
+// together.
+void read_layout(Reader& r, const Value& top, Assignment& out) {
+  out.node_rank = r.uint32(top, "", "node_rank");
+  out.nnodes = r.uint32(top, "", "nnodes");
+  out.world_size = r.uint32(top, "", "world_size");
+  out.rank_offset = r.uint32(top, "", "rank_offset");
+  out.master_addr = r.string(top, "", "master_addr");
+  const uint64_t port = r.uint64(top, "", "master_port");
+  out.group = r.string(top, "", "group");
+  if (!r.ok()) return;
+  if (out.node_rank >= out.nnodes) {
+    r.fail("has node_rank " + std::to_string(out.node_rank) + ", not below nnodes " +
+           std::to_string(out.nnodes));
+  } else if (out.rank_offset >= out.world_size) {
+    r.fail("has rank_offset " + std::to_string(out.rank_offset) + ", not below world_size " +
+           std::to_string(out.world_size));
+  } else if (port > 65535) {
+    r.fail("has field 'master_port' that is " + std::to_string(port) + ", not a port");
+  } else if (out.master_addr.empty() || out.group.empty()) {
+    r.fail(std::string("has an empty field '") + (out.group.empty() ? "group" : "master_addr") +
+           "'");
+  }
+  out.master_port = static_cast<uint16_t>(port);
+}
+
+}  // namespace
+
+Result<Assignment> assignment(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  Assignment out;
+  if (top != nullptr) {
+    out.state = named(r, *top, "state", NodeState::kRestart, node_state_name, "a node state");
+    out.round = r.uint64(*top, "", "round");
+    out.restart_count = r.uint64(*top, "", "restart_count");
+    out.run_state = named(r, *top, "run_state", RunState::kFailed, run_state_name, "a run state");
+    if (r.ok() && out.state == NodeState::kRunning) read_layout(r, *top, out);
+    if (r.ok() && out.state == NodeState::kRestart) out.why = r.string(*top, "", "why");
+  }
+  if (!r.ok()) return tl::unexpected(r.error());
+  return out;
+}
+
+Result<void> left(const std::string& body, std::string_view what) {
+  Reader r(what);
+  rapidjson::Document d;
+  const Value* top = r.top(d, body);
+  if (top != nullptr && !r.boolean(*top, "", "left") && r.ok()) r.fail("says 'left': false");
+  if (!r.ok()) return tl::unexpected(r.error());
+  return {};
 }
 
 void parse(rapidjson::Document& d, const std::string& body) {

@@ -15,6 +15,10 @@
 
 #include "traincoord/client.h"
 
+namespace traincoord::client {
+struct Assignment;  // client/rendezvous.h
+}
+
 namespace traincoord::client::reply {
 
 // The reply to POST .../workers.
@@ -59,6 +63,14 @@ Result<CutShareTaken> cut_share(const std::string& body, std::string_view what);
 Result<Cut> cut(const std::string& body, std::string_view what);
 Result<CutList> cut_list(const std::string& body, std::string_view what);
 Result<Restored> restored(const std::string& body, std::string_view what);
+
+// The replies of the rendezvous of launch agents (client/rendezvous.h): POST .../nodes/join,
+// poll and fail answer a node's assignment; its state and the run's state must be ones the core
+// names (core/rendezvous.h, core/run_progress.h), and a running node's layout must hold together
+// (node_rank < nnodes, rank_offset < world_size, a port, an address, a group). POST
+// .../nodes/leave answers {"left": true}.
+Result<Assignment> assignment(const std::string& body, std::string_view what);
+Result<void> left(const std::string& body, std::string_view what);
 
 // The error a reply with status `status` (not 2xx) to the request `what` carries: its {"error":
 // {"code", "message", "field"}}, or, when the body is not that (a redirect, a proxy, another
