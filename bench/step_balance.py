@@ -1,0 +1,429 @@
+"""Issue 32's benchmark: a synchronous group on length-skewed data, three ways, side by side.
+
+W ranks (default 8) are processes on loopback in one torch.distributed gloo group. Each step,
+every rank "trains" its batch by sleeping the batch's padded cost (a + b·n·L + c·n·L², n samples
+padded to the longest, L; quadratic in length, as attention is) times --scale seconds per unit,
+then joins a real all-reduce of a small tensor, as DDP does at the end of every backward. The
+set is synthetic: --samples lengths drawn log-normal like utterance durations (median 6 s,
+sigma 0.7, truncated to [1, 35] s; seeded). Compared, on the same processes and lengths:
+
+  1. DistributedSampler: torch's own (shuffled, padded by repeating), fixed-size batches padded
+     to their longest; the batch size is the one whose mean padded batch costs the budget;
+  2. unsynchronised bucketing, as Lhotse's DynamicBucketingSampler by default: each rank
+     buckets its own DistributedSampler shard into 30 buckets of equal total duration,
+     shuffles within them, and forms batches from a bucket drawn at random (weighted by what
+     it has left) under a padded-duration budget (n·L, Lhotse's max_duration), the one whose
+     mean batch costs the budget; step k is every rank's k-th batch, a rank out of batches
+     idles in the all-reduce (as under join());
+  3. traincoord's step mode, cost-balanced (see `--help` of traincoord: `[data] lengths`,
+     `batch_budget`): a real coordinator on loopback plans every step; each rank reports its
+     batch time, and the coordinator fits the cost model (per rank) from them; the first epoch
+     is planned with the declared cost, the figures are those of the second.
+
+Each way runs once as is and once with one rank slowed 2× (its sleeps doubled). Figures
+(docs/PERFORMANCE.md, "Step mode figures"): E = useful ÷ (W × Σ step times), E_net = the same
+with each step's all-reduce taken out (the all-reduce call of the rank that arrived last), S =
+mean over steps of slowest ÷ mean rank batch time, P = 1 − useful ÷ padded, and the epoch time;
+every sample is checked to be trained exactly once per epoch (DistributedSampler repeats a few
+to even the shards out: counted, not an error).
+
+    /usr/bin/python3 bench/step_balance.py [--ranks 8] [--samples 20000] [--budget 400]
+        [--scale 1e-4] [--ways sampler,buckets,traincoord] [--seed 1]
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+A, B, C = 0.5, 1.0, 0.05  # the true cost of a batch: A + B·n·L + C·n·L² (units)
+LHOTSE_BUCKETS = 30
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def synthetic_lengths(samples, seed, median=6.0, sigma=0.7, shortest=1.0, longest=35.0):
+    rng = random.Random(seed)
+    mu, out = math.log(median), []
+    while len(out) < samples:
+        x = math.exp(rng.gauss(mu, sigma))
+        if shortest <= x <= longest:
+            out.append(round(x, 3))
+    return out
+
+
+def padded(lengths, batch):
+    """The padded cost of a batch (units): A + n·(B·L + C·L²)."""
+    if not batch:
+        return 0.0
+    longest = max(lengths[i] for i in batch)
+    return A + len(batch) * (B * longest + C * longest * longest)
+
+
+def useful(lengths, batch):
+    return sum(B * lengths[i] + C * lengths[i] ** 2 for i in batch)
+
+
+# ---- the two baselines' plans (pure, the same on every rank) ----------------------------------
+
+def shard(n, ranks, rank, seed, epoch):
+    """DistributedSampler's shard, computed as torch does (shuffled, padded by repeating)."""
+    import torch
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    total = -(-n // ranks) * ranks
+    order += order[:total - n]
+    return order[rank:total:ranks]
+
+
+def sampler_plan(lengths, ranks, rank, seed, epoch, batch_size):
+    s = shard(len(lengths), ranks, rank, seed, epoch)
+    return [s[i:i + batch_size] for i in range(0, len(s), batch_size)]
+
+
+def lhotse_boundaries(lengths, buckets):
+    """Bucket upper bounds of equal total duration (Lhotse's estimate_duration_buckets)."""
+    ordered = sorted(lengths)
+    per = sum(ordered) / buckets
+    bounds, acc = [], 0.0
+    for x in ordered:
+        acc += x
+        if acc >= per * (len(bounds) + 1) and len(bounds) < buckets - 1:
+            bounds.append(x)
+    return bounds
+
+
+def bucketing_plan(lengths, ranks, rank, seed, epoch, duration_budget, bounds):
+    import bisect
+    rng = random.Random(seed * 1_000_003 + epoch * 1009 + rank)
+    buckets = [[] for _ in range(len(bounds) + 1)]
+    for i in shard(len(lengths), ranks, rank, seed, epoch):
+        buckets[bisect.bisect_left(bounds, lengths[i])].append(i)
+    for b in buckets:
+        rng.shuffle(b)
+    batches = []
+    while any(buckets):
+        live = [b for b in buckets if b]
+        b = rng.choices(live, weights=[len(x) for x in live])[0]
+        batch, longest = [], 0.0
+        while b and (not batch or (len(batch) + 1) * max(longest, lengths[b[-1]]) <= duration_budget):
+            i = b.pop()
+            batch.append(i)
+            longest = max(longest, lengths[i])
+        batches.append(batch)
+    return batches
+
+
+def mean_padded(lengths, plans):
+    costs = [padded(lengths, b) for plan in plans for b in plan if b]
+    return sum(costs) / len(costs)
+
+
+def fit_batch_size(lengths, ranks, seed, budget):
+    """The batch size whose mean padded batch costs closest to the budget."""
+    def mean(bs):
+        return mean_padded(lengths, [sampler_plan(lengths, ranks, r, seed, 0, bs) for r in range(ranks)])
+    low, high = 1, max(1, len(lengths) // ranks)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if mean(mid) <= budget else (low, mid - 1)
+    return low + 1 if abs(mean(low + 1) - budget) < abs(mean(low) - budget) else low
+
+
+def fit_duration_budget(lengths, ranks, seed, budget, bounds):
+    def mean(d):
+        return mean_padded(lengths, [bucketing_plan(lengths, ranks, r, seed, 0, d, bounds)
+                                     for r in range(ranks)])
+    low, high = 0.0, 35.0
+    while mean(high) < budget:
+        high *= 2
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mean(mid) < budget else (low, mid)
+    return low
+
+
+# ---- one rank --------------------------------------------------------------------------------
+
+def rank_main(args):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    setup = json.loads(Path(args.setup).read_text())
+    lengths = setup["lengths"]
+    tensor = torch.zeros(16)
+    results = []
+
+    def step(batch, speed):
+        """Trains one batch: returns (batch seconds, all-reduce seconds, end time)."""
+        t0 = time.perf_counter()
+        cost = padded(lengths, batch) * args.scale * speed
+        if cost > 0:
+            time.sleep(cost)
+        t1 = time.perf_counter()
+        dist.all_reduce(tensor)
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1, t2
+
+    def record(way, slow, epoch, batches, times, start):
+        rows = [{"samples": b, "batch_s": bt, "allreduce_s": ar, "end": end}
+                for b, (bt, ar, end) in zip(batches, times)]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, {"rank": rank, "start": start, "rows": rows})
+        if rank == 0:
+            results.append({"way": way, "slow": slow, "epoch": epoch, "ranks": gathered})
+
+    for way in args.ways.split(","):
+        for slow in (False, True):
+            speed = 2.0 if slow and rank == world - 1 else 1.0
+            if way in ("sampler", "buckets"):
+                if way == "sampler":
+                    plan = sampler_plan(lengths, world, rank, args.seed, 0, setup["batch_size"])
+                else:
+                    plan = bucketing_plan(lengths, world, rank, args.seed, 0,
+                                          setup["duration_budget"], setup["bounds"])
+                steps = torch.tensor([len(plan)])
+                dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+                plan += [[] for _ in range(int(steps) - len(plan))]
+                dist.barrier()
+                start = time.perf_counter()
+                times = [step(b, speed) for b in plan]
+                record(way, slow, 0, plan, times, start)
+            elif way == "traincoord":
+                traincoord_way(args, setup, rank, world, speed, slow, step, record)
+            else:
+                raise SystemExit(f"--ways: unknown way {way!r}")
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def traincoord_way(args, setup, rank, world, speed, slow, step, record):
+    """The run `balance` (or `balance-slow`) of the coordinator the driver started, trained
+    with Phases as docs/PYTHON.md shows ("Cost-balanced batches in step mode"): each batch
+    "trains" (sleeps), the step's all-reduce follows, and the report carries the batch's own
+    time. Records every train epoch; dev batches are reported at once."""
+    import traincoord
+    import traincoord.torch
+
+    run = traincoord.Run(setup["url"], "balance-slow" if slow else "balance",
+                         worker=f"rank{rank}", first_contact_timeout=30)
+    phases = traincoord.torch.Phases(run, batch_size=None,
+                                     sizes={"train": len(setup["lengths"]),
+                                            "dev": len(setup["dev_lengths"])})
+    try:
+        for phase in phases:
+            if phase.set != "train":
+                for _ in phase:
+                    phase.report(0.0)
+                continue
+            batches, times = [], []
+            start = time.perf_counter()
+            for batch in phase:
+                bt, ar, end = step(batch, speed)
+                batches.append(list(batch))
+                times.append((bt, ar, end))
+                phase.report(0.0, seconds=bt)
+            record("traincoord", slow, phase.epoch, batches, times, start)
+    finally:
+        run.close()
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+def figures(lengths, result, scale):
+    ranks = result["ranks"]
+    w = len(ranks)
+    steps = len(ranks[0]["rows"])
+    start = max(r["start"] for r in ranks)
+    ends = [ranks[0]["rows"][k]["end"] for k in range(steps)]
+    step_times = [ends[0] - ranks[0]["start"]] + [ends[k] - ends[k - 1] for k in range(1, steps)]
+    net = []
+    stragglers = []
+    use = pad = 0.0
+    visits = {}
+    for k in range(steps):
+        rows = [r["rows"][k] for r in ranks]
+        net.append(step_times[k] - min(row["allreduce_s"] for row in rows))
+        times = [row["batch_s"] for row in rows]
+        if sum(times) > 0:
+            stragglers.append(max(times) / (sum(times) / w))
+        for row in rows:
+            b = row["samples"]
+            use += useful(lengths, b)
+            if b:
+                pad += padded(lengths, b) - A
+            for i in b:
+                visits[i] = visits.get(i, 0) + 1
+    del start
+    total = sum(step_times)
+    return {
+        "steps": steps,
+        "epoch_s": total,
+        "E": use * scale / (w * total),
+        "E_net": use * scale / (w * sum(net)),
+        "S": sum(stragglers) / len(stragglers),
+        "P": 1 - use / pad,
+        "missing": sum(1 for i in range(len(lengths)) if i not in visits),
+        "repeated": sum(v - 1 for v in visits.values()),
+    }
+
+
+RUN_TOML = """
+name = "{name}"
+[data]
+train_samples = {train}
+dev_samples = {dev}
+train_lengths = "train.txt"
+dev_lengths = "dev.txt"
+seed = {seed}
+[schedule]
+mode = "steps"
+epochs = 2
+batch_budget = {budget}
+cost_a = {a}
+cost_b = {b}
+cost_c = {c}
+[leases]
+timeout = 60.0
+"""
+
+
+def serve(tmp, lengths, dev_lengths, args):
+    """An in-memory coordinator with the runs `balance` and `balance-slow` (the same config:
+    the true cost declared, the budget of the other ways). Returns (process, url)."""
+    import re
+    (tmp / "train.txt").write_text("".join(f"{x}\n" for x in lengths))
+    (tmp / "dev.txt").write_text("".join(f"{x}\n" for x in dev_lengths))
+    configs = []
+    for name in ("balance", "balance-slow"):
+        path = tmp / f"{name}.toml"
+        path.write_text(RUN_TOML.format(name=name, train=len(lengths), dev=len(dev_lengths),
+                                        seed=args.seed, budget=args.budget, a=A, b=B, c=C))
+        configs += ["--config", str(path)]
+    proc = subprocess.Popen([args.binary, "serve", "--in-memory", "--listen", "127.0.0.1:0",
+                             *configs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            # (its later output is not read: keep the pipe from filling)
+            import threading
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, m.group(1)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(timeout=10)
+    raise SystemExit(f"{args.binary} serve did not start")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--samples", type=int, default=20000)
+    p.add_argument("--budget", type=float, default=400.0)
+    p.add_argument("--scale", type=float, default=1e-4, help="seconds per cost unit")
+    p.add_argument("--ways", default="sampler,buckets,traincoord")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--binary", default=str(REPO / "build" / "traincoord"))
+    p.add_argument("--rank-of", help=argparse.SUPPRESS)
+    p.add_argument("--setup", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_of:
+        return rank_main(args)
+
+    lengths = synthetic_lengths(args.samples, args.seed)
+    bounds = lhotse_boundaries(lengths, LHOTSE_BUCKETS)
+    batch_size = fit_batch_size(lengths, args.ranks, args.seed, args.budget)
+    duration_budget = fit_duration_budget(lengths, args.ranks, args.seed, args.budget, bounds)
+    print(f"{args.samples} lengths (median {sorted(lengths)[len(lengths) // 2]:.1f} s, "
+          f"{min(lengths):.1f}-{max(lengths):.1f} s), {args.ranks} ranks, cost "
+          f"{A} + {B}·n·L + {C}·n·L², budget {args.budget:g} "
+          f"({args.budget * args.scale * 1000:.0f} ms); DistributedSampler batches of "
+          f"{batch_size}; buckets: padded duration <= {duration_budget:.1f}", flush=True)
+    dev_lengths = synthetic_lengths(4 * args.ranks, args.seed + 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Path(tmp) / "setup.json"
+        server, url = None, None
+        procs = []
+        try:
+            if "traincoord" in args.ways.split(","):
+                server, url = serve(Path(tmp), lengths, dev_lengths, args)
+            setup.write_text(json.dumps({"lengths": lengths, "dev_lengths": dev_lengths,
+                                         "batch_size": batch_size, "url": url,
+                                         "duration_budget": duration_budget, "bounds": bounds}))
+            out = Path(tmp) / "out.json"
+            port = free_port()
+            for rank in range(args.ranks):
+                env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(rank), "WORLD_SIZE": str(args.ranks),
+                       "PYTHONPATH": str(REPO / "python")}
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, "--rank-of", "1", "--setup", str(setup),
+                     "--out", str(out), "--ways", args.ways, "--scale", str(args.scale),
+                     "--seed", str(args.seed), "--budget", str(args.budget)], env=env))
+            deadline = time.monotonic() + args.timeout
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.2)
+            if any(p.poll() != 0 for p in procs):
+                raise SystemExit("a rank failed or timed out")
+            results = json.loads(out.read_text())
+        finally:
+            for p in procs + ([server] if server else []):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=10)
+    report(lengths, results, args)
+
+
+def report(lengths, results, args):
+    by = {}
+    for r in results:
+        by.setdefault((r["way"], r["slow"]), []).append(figures(lengths, r, args.scale))
+    names = {"sampler": "DistributedSampler", "buckets": "unsynchronised buckets",
+             "traincoord": "traincoord step mode"}
+    base = by.get(("sampler", False), [None])[-1]
+    buckets = by.get(("buckets", False), [None])[-1]
+    print(f"\n{'way':<24} {'E':>6} {'E_net':>6} {'S':>6} {'P':>6} {'epoch s':>8} "
+          f"{'vs DS':>6} {'vs buckets':>10} {'slow rank':>9} {'once':>5}")
+    for way in args.ways.split(","):
+        if (way, False) not in by:
+            continue
+        f = by[(way, False)][-1]  # traincoord: the last epoch (the model fitted)
+        s = by[(way, True)][-1]
+        once = "yes" if f["missing"] == 0 and f["repeated"] == 0 else \
+            f"-{f['missing']}/+{f['repeated']}"
+        print(f"{names[way]:<24} {f['E']:6.3f} {f['E_net']:6.3f} {f['S']:6.3f} {f['P']:6.1%} "
+              f"{f['epoch_s']:8.2f} {f['epoch_s'] / base['epoch_s'] if base else 0:6.2f} "
+              f"{f['epoch_s'] / buckets['epoch_s'] if buckets else 0:10.2f} "
+              f"{s['epoch_s'] / f['epoch_s']:9.2f} {once:>5}")
+    print("targets (traincoord):     E_net >= 0.95, S <= 1.03, P <= 2%, <= 0.2x DS, "
+          "<= 0.9x buckets, slow rank <= 1.10x, exactly once")
+    print(json.dumps({f"{w}{'_slow' if s else ''}": v for (w, s), v in by.items()}))
+
+
+if __name__ == "__main__":
+    main()
