@@ -93,6 +93,15 @@ std::string EtcdRunElection::key(std::string_view kind, std::string_view run) co
 }
 
 Result<void> EtcdRunElection::join() {
+  if (stale_lease_ != 0) {
+    // A lease given up while etcd could not be reached: its keys go now, not after its TTL
+    // (etcd renews every lease's TTL when it elects a new Raft leader).
+    auto revoked = client_->lease_revoke(stale_lease_);
+    if (!revoked && revoked.error().message.find("lease not found") == std::string::npos) {
+      return tl::unexpected(revoked.error());  // (expired meanwhile: nothing left to revoke)
+    }
+    stale_lease_ = 0;
+  }
   if (lease_ == 0) {
     auto granted = client_->lease_grant(ttl_s_);
     if (!granted) return tl::unexpected(granted.error());
@@ -255,7 +264,7 @@ void EtcdRunElection::resign(const std::string& run) {
 
 void EtcdRunElection::resign_all() {
   if (lease_ == 0) return;
-  (void)client_->lease_revoke(lease_);  // (unreachable: it expires after its TTL instead)
+  if (!client_->lease_revoke(lease_)) stale_lease_ = lease_;  // (revoked at the next join())
   lease_ = 0;
 }
 

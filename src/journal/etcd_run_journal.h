@@ -135,7 +135,8 @@ class EtcdRunElection {
   Result<bool> keep_alive();
   // Ends the leadership of `run` at once (deletes its leader key if it is still this lease's).
   void resign(const std::string& run);
-  // Ends every leadership at once: revokes the lease (etcd deletes its keys with it).
+  // Ends every leadership at once: revokes the lease (etcd deletes its keys with it); when etcd
+  // cannot be reached, the next join() revokes it first.
   void resign_all();
 
   int64_t lease() const { return lease_; }
@@ -149,6 +150,7 @@ class EtcdRunElection {
   int64_t ttl_s_;
   std::unique_ptr<etcd::Client> client_;
   int64_t lease_ = 0;
+  int64_t stale_lease_ = 0;  // given up, not yet revoked
 };
 
 class EtcdRunJournal final : public Journal {

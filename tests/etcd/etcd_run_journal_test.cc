@@ -50,9 +50,22 @@ class Coord {
     EXPECT_TRUE(joined) << joined.error().message;
     journal_.set_lease(election_.lease());
     journal_.set_advertised_url(url);
+    sync();
     CoordinatorOptions o;
     o.leadership = &leadership_;
     coordinator_ = std::make_unique<Coordinator>(engine_, clock_, &journal_, o);
+  }
+
+  // Reads who leads what in etcd, as serve does every 200 ms (until then every run request is
+  // answered 421: nothing is known).
+  void sync() {
+    auto seen = election_.observe();
+    ASSERT_TRUE(seen) << seen.error().message;
+    std::vector<Leadership::Seen> views;
+    for (const RunInEtcd& r : seen->runs) {
+      views.push_back({r.run, r.leader.value_or(""), r.term, {}});
+    }
+    leadership_.saw(views, seen->members);
   }
 
   // The replies of `requests` that may go out.
@@ -310,6 +323,29 @@ TEST(EtcdRunLeadership, ARefusedWriteEndsTheLeadershipOfItsRunAlone) {
   thief.election().resign("x");
   ASSERT_TRUE(reader.take_over("x"));
   EXPECT_EQ(reader.state("x"), x_state);
+}
+
+// A coordinator that gave its lease up while etcd was down (its runs stepped down) revokes it
+// once etcd is back: its leader keys go at once, not a TTL later (etcd renews every lease's TTL
+// when it elects a Raft leader), so the runs are taken over at once.
+TEST(EtcdRunLeadership, ALeaseGivenUpWhileEtcdWasDownIsRevokedOnceItIsBack) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  ManualClock wall(1'000'000);
+  // (a's TTL: its calls give up after a third of it while etcd is down)
+  Coord a(wall, options, "http://a", 6), b(wall, options, "http://b", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  cluster.kill(0);
+  a.election().resign_all();  // (etcd is down: not revoked now)
+  ASSERT_TRUE(cluster.restart(0));
+  auto joined = a.election().join();
+  ASSERT_TRUE(joined) << joined.error().message;
+  auto seen = b.election().observe();
+  ASSERT_TRUE(seen) << seen.error().message;
+  ASSERT_EQ(seen->runs.size(), 1u);
+  EXPECT_FALSE(seen->runs[0].leader) << *seen->runs[0].leader;  // (its lease's TTL: 6 s)
+  EXPECT_TRUE(b.take_over("x"));
 }
 
 TEST(EtcdRunLeadership, APrefixOfThePerProcessLayoutIsRefusedSayingSo) {

@@ -231,7 +231,15 @@ TEST(HighAvailabilityPerRun, ACoordinatorKilledMovesOnlyItsRunTheOtherKeepsItsLe
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const int y_before_kill = ys.completions.load();
+  const auto killed_at = std::chrono::steady_clock::now();
   a->kill(SIGKILL);
+  // (how long x goes unserved: from the kill to b answering it)
+  if (eventually([&] { return http(b->url(), "GET", "/v1/runs/x?epochs=0").status == 200; })) {
+    std::printf(
+        "failover of run x: %.2f s from the SIGKILL to b serving it; run y served by b "
+        "throughout\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  }
   for (auto& t : workers) t.join();
   ASSERT_FALSE(xs.failed || ys.failed) << "b said:\n" << b->read_output();
 
