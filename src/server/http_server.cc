@@ -412,6 +412,12 @@ class HttpServer::Impl {
         // alone: its replies are dropped, never sent, and the other runs' go out. A reply goes
         // out only while the leadership it was produced under lasts.
         if (all) (void)journal_->write(*all);
+        if (all && !all->empty()) {
+          std::lock_guard lock(metrics_mu_);
+          commit_latency_.observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          commit_batch_.observe(static_cast<double>(requests));
+        }
         for (auto& [run, term] : journal_->take_won_runs()) leadership->set_term(run, term);
         for (auto& [run, why] : journal_->take_lost_runs()) {
           if (leadership->step_down(run, why)) {
