@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -18,8 +19,8 @@
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "core/run_codec.h"
-#include "journal/etcd_election.h"
 #include "journal/etcd_journal.h"
+#include "journal/etcd_run_journal.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/http_server.h"
@@ -139,14 +140,16 @@ static size_t prepare_limits(size_t max_connections, bool given) {
   return max_connections;
 }
 
-// High availability (docs/HA.md): the state in etcd, several coordinators, one of which leads.
-// A standby serves an empty engine that answers every run request 421 not_leader (naming the
-// leader), watches the leader key, and campaigns when it is gone; the winner stops its standby
-// server, replays the runs from etcd (restore_engine, as a restart does), and serves them on the
-// same port, keeping its lease alive from another thread. When a write is refused or the lease
-// is lost it steps down (nothing more is written or answered under that leadership) and stands
-// by again. SIGINT/SIGTERM: a leader finishes its writes and revokes its lease (the next
-// coordinator takes over at once).
+// High availability (docs/HA.md, "Leadership per run"): the runs' state in etcd, several
+// coordinators, each run led by one of them (journal/etcd_run_journal.h). One server serves all
+// the time: the runs this coordinator leads are in its engine; a request about a run it does
+// not lead is answered 421 not_leader naming that run's leader. This thread keeps the one etcd
+// lease alive, reads every run's leader and head every 200 ms, and campaigns for runs that have
+// no leader while it leads fewer than its fair share; a run it wins is read from etcd and
+// replayed apart (restore_engine, as a restart does), then handed to the engine thread, which
+// adds it while serving the others. A refused write steps that run down alone (the commit
+// thread); a lost lease steps them all down. SIGINT/SIGTERM: the writes accepted are finished,
+// then the lease is revoked (the other coordinators take the runs over at once).
 static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                     ServerOptions options, sigset_t signals) {
   auto etcd_options = parse_etcd_url(args.journal);
@@ -190,164 +193,245 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   const std::string scheme = options.tls.enabled() ? "https" : "http";
   const std::string host =
       options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
-  std::optional<EtcdElection> election;
-  uint64_t seen = 0;
-  bool said_listening = false;
-  std::string following;  // the leader last said
-  while (!leadership.stop_requested()) {
-    // Standing by.
-    {
-      ServerClock clock;
-      Engine engine(clock);
-      clock.go_live(0);
-      std::optional<HttpServer> standby;
-      standby.emplace(engine, clock, nullptr, options);
-      auto port = standby->start();
-      if (!port) {
-        std::cerr << "traincoord: " << port.error().message << "\n";
-        return exit_code::kFailed;
+  EtcdRunJournal journal(*etcd_options);
+  ServerClock clock;
+  Engine engine(clock);
+  clock.go_live(0);  // (moved on to the latest time in etcd once read: see below)
+  HttpServer server(engine, clock, &journal, options);
+  auto port = server.start();
+  if (!port) {
+    std::cerr << "traincoord: " << port.error().message << "\n";
+    return exit_code::kFailed;
+  }
+  if (args.advertise_url.empty()) {
+    leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
+  }
+  const std::string url = leadership.advertised_url();
+  journal.set_advertised_url(url);
+  {
+    std::string hosts;  // (the journal's url without its password)
+    for (const auto& e : etcd_options->endpoints) hosts += (hosts.empty() ? "" : ",") + e;
+    std::cout << "traincoord: state in " << (etcd_options->tls.enabled ? "etcds://" : "etcd://")
+              << (etcd_options->user.empty() ? "" : etcd_options->user + "@") << hosts
+              << etcd_options->prefix << " as " << url << "; listening on " << scheme << "://"
+              << host << ":" << *port << std::endl;
+  }
+  EtcdRunElection election(*etcd_options, url, args.lease_ttl_s);
+  const auto ttl = std::chrono::seconds(args.lease_ttl_s);
+  int rc = 0;
+  // Joins (a lease, this coordinator's member key); false when it must stop.
+  auto join_etcd = [&]() -> bool {
+    bool said = false;
+    while (!leadership.stop_requested()) {
+      auto joined = election.join();
+      if (joined) {
+        journal.set_lease(election.lease());
+        return true;
       }
-      if (!said_listening) {
-        said_listening = true;
-        options.port = *port;  // the leader's server takes the same one
-        if (args.advertise_url.empty()) {
-          leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
+      if (joined.error().code == ErrorCode::kFailedPrecondition &&
+          joined.error().message.find("per-process layout") != std::string::npos) {
+        std::cerr << "traincoord: " << joined.error().message << "\n";
+        rc = exit_code::kUsage;
+        return false;
+      }
+      if (!said) std::cerr << "traincoord: " << joined.error().message << "\n";
+      said = true;
+      uint64_t ignored = 0;
+      (void)leadership.wait(&ignored, std::chrono::milliseconds(200));
+    }
+    return false;
+  };
+  if (!join_etcd()) {
+    server.stop();
+    return rc;
+  }
+  auto renewed = std::chrono::steady_clock::now();
+  bool first = true;
+  bool cut_off = false;  // said that etcd cannot be read
+  uint64_t seen_changes = 0;
+  std::vector<std::string> led_before;
+  std::map<std::string, int64_t> leaders_said, said_leading;
+  while (!leadership.stop_requested() && rc == 0) {
+    // The lease: kept alive a third of its TTL at a time; lost (or not renewed within its TTL),
+    // every leadership ends, and a new lease is taken to campaign anew.
+    if (std::chrono::steady_clock::now() - renewed >= ttl / 3) {
+      auto kept = election.keep_alive();
+      if (kept && *kept) {
+        renewed = std::chrono::steady_clock::now();
+      } else if ((kept && !*kept) || std::chrono::steady_clock::now() - renewed >= ttl) {
+        const std::string why = kept ? "the etcd lease of this coordinator expired"
+                                     : "cannot keep the etcd lease alive: " + kept.error().message;
+        journal.forget_all();
+        for (const std::string& run : leadership.step_down_all(why)) {
+          std::cerr << "traincoord: stepping down from run " << run << ": " << why << "\n";
         }
-        election.emplace(*etcd_options, leadership.advertised_url(), args.lease_ttl_s);
-        std::string hosts;  // (the journal's url without its password)
-        for (const auto& e : etcd_options->endpoints) hosts += (hosts.empty() ? "" : ",") + e;
-        std::cout << "traincoord: state in " << (etcd_options->tls.enabled ? "etcds://" : "etcd://")
-                  << (etcd_options->user.empty() ? "" : etcd_options->user + "@") << hosts
-                  << etcd_options->prefix << " as " << leadership.advertised_url()
-                  << "; listening on " << scheme << "://" << host << ":" << *port << std::endl;
-      }
-      std::optional<int64_t> term;
-      while (!term && !leadership.stop_requested()) {
-        auto seen_now = election->observe();
-        if (seen_now) {
-          leadership.saw_journal(
-              {seen_now->head.seq, seen_now->head.revision, seen_now->head.replay_records});
-        }
-        Result<std::optional<LeaderInfo>> leader = std::optional<LeaderInfo>();
-        if (seen_now) {
-          leader = seen_now->leader;
-        } else {
-          leader = tl::unexpected(seen_now.error());
-        }
-        if (!leader) {
-          leadership.follow(0, "");
-          if (following != "?") std::cerr << "traincoord: " << leader.error().message << "\n";
-          following = "?";
-        } else if (*leader) {
-          leadership.follow((*leader)->term, (*leader)->url);
-          if (following != (*leader)->url) {
-            std::cout << "traincoord: standing by; the leader is " << (*leader)->url << " (term "
-                      << (*leader)->term << ")" << std::endl;
-          }
-          following = (*leader)->url;
-        } else {
-          leadership.follow(0, "");
-          auto won = election->campaign();
-          if (won && *won) term = **won;
-        }
-        if (!term) (void)leadership.wait(&seen, std::chrono::milliseconds(200));
-      }
-      standby.reset();   // (its port is the leader's now)
-      if (!term) break;  // stopping
-      // Taking over.
-      const auto takeover = std::chrono::steady_clock::now();
-      auto journal = EtcdJournal::open(*etcd_options, *term, election->lease());
-      if (!journal) return fail(journal.error().message);
-      auto leader_clock = std::make_unique<ServerClock>();
-      auto leader_engine = std::make_unique<Engine>(*leader_clock);
-      Api replay(*leader_engine, *leader_clock, ApiLimits::none());
-      auto report = restore_engine(**journal, *leader_engine, replay, *leader_clock);
-      if (!report) {
-        election->resign();
-        return fail((*journal)->describe() + ": " + report.error().message);
-      }
-      for (const ConfigFile& file : files) {
-        if (auto existing = leader_engine->find(file.config.name)) {
-          if (int rc = reconcile(file, **existing, *leader_engine, nullptr, *leader_clock, false);
-              rc != 0) {
-            election->resign();
-            return rc;
-          }
-          continue;
-        }
-        auto run = leader_engine->create_run(file.config);
-        if (!run) return fail(file.path + ": " + run.error().message);
-        (*journal)->add_run(file.config.name, "toml", file.text, leader_clock->now());
-      }
-      if (auto r = (*journal)->commit(*leader_engine); !r) {
-        std::cerr << "traincoord: " << r.error().message << "\n";
-        election->resign();
-        continue;  // (deposed already: stand by again)
-      }
-      if (options.auth) {
-        for (const Run* run : leader_engine->runs()) {
-          if (auto t = options.auth->worker_token(run->config().name); !t)
-            return fail(t.error().message);
-        }
-      }
-      leadership.lead(*term);
-      HttpServer server(*leader_engine, *leader_clock, journal->get(), options);
-      auto leading_port = server.start();
-      if (!leading_port) {
-        std::cerr << "traincoord: " << leading_port.error().message << "\n";
-        election->resign();
-        return exit_code::kFailed;
-      }
-      const double serving_after =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - takeover).count();
-      leadership.took_over(serving_after);
-      const auto publish_head = [&, j = journal->get()] {
-        leadership.saw_journal({j->head_seq(), j->head_revision(), j->replay_records()});
-      };
-      publish_head();
-      std::cout << "traincoord: leading " << (*journal)->describe() << " (term " << *term
-                << "): restored " << report->runs << " runs, replayed " << report->records
-                << " log records; serving " << serving_after << " s after winning" << std::endl;
-      following.clear();
-      // The lease, kept alive a third of its TTL at a time, on a thread of its own; lost (or
-      // not renewed within its TTL), the leadership ends.
-      std::atomic<bool> leading{true};
-      std::thread keeper([&] {
-        auto renewed = std::chrono::steady_clock::now();
-        const auto ttl = std::chrono::seconds(args.lease_ttl_s);
-        while (leading.load()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(args.lease_ttl_s * 1000 / 3 / 5));
-          if (!leading.load()) break;
-          publish_head();
-          if (std::chrono::steady_clock::now() - renewed < ttl / 3) continue;
-          auto kept = election->keep_alive();
-          if (kept && *kept) {
-            renewed = std::chrono::steady_clock::now();
-          } else if ((kept && !*kept) || std::chrono::steady_clock::now() - renewed >= ttl) {
-            const std::string why =
-                kept ? "the etcd lease of this leadership expired"
-                     : "cannot keep the etcd lease alive: " + kept.error().message;
-            if (leadership.step_down(why))
-              std::cerr << "traincoord: stepping down: " << why << "\n";
-            break;
-          }
-        }
-      });
-      std::string why;
-      while (leadership.view().leading && !leadership.stop_requested()) {
-        why = leadership.wait(&seen, std::chrono::milliseconds(500));
-      }
-      server.stop();  // (when stopping: writes what was accepted first)
-      leading.store(false);
-      keeper.join();
-      election->resign();  // the next coordinator need not wait out the TTL
-      if (!leadership.stop_requested()) {
-        leadership.step_down("");
-        std::cout << "traincoord: no longer leading; standing by" << std::endl;
+        election.resign_all();
+        if (!join_etcd()) break;
+        renewed = std::chrono::steady_clock::now();
       }
     }
+    auto seen = election.observe();
+    if (!seen) {
+      if (!cut_off) std::cerr << "traincoord: " << seen.error().message << "\n";
+      cut_off = true;
+    } else {
+      cut_off = false;
+      std::vector<Leadership::Seen> views;
+      TimeMs latest = 0;
+      for (const RunInEtcd& r : seen->runs) {
+        views.push_back({r.run,
+                         r.leader.value_or(""),
+                         r.term,
+                         {r.head_seq, r.head_revision, r.replay_records}});
+        latest = std::max(latest, r.head_time);
+        if (r.leader && *r.leader != url && leaders_said[r.run] != r.term) {
+          leaders_said[r.run] = r.term;
+          std::cout << "traincoord: run " << r.run << " is led by " << *r.leader << " (term "
+                    << r.term << ")" << std::endl;
+        }
+      }
+      leadership.saw(views, seen->members);
+      if (first) {
+        first = false;
+        // One time line for all coordinators: from the latest time written of any run.
+        server.post([latest](Coordinator& c) {
+          if (latest > c.clock().now()) c.clock().go_live(latest);
+        });
+        // The runs of the config files that exist nowhere yet: created here, led here.
+        for (const ConfigFile& file : files) {
+          bool exists = false;
+          for (const RunInEtcd& r : seen->runs) exists = exists || r.run == file.config.name;
+          if (exists) continue;
+          server.post([&file, &leadership, &journal, &options](Coordinator& c) {
+            if (c.engine().find(file.config.name)) return;
+            auto run = c.engine().create_run(file.config);
+            if (!run) {
+              std::cerr << "traincoord: " << file.path << ": " << run.error().message << "\n";
+              return;
+            }
+            if (options.auth) (void)options.auth->worker_token(file.config.name);
+            journal.add_run(file.config.name, "toml", file.text, c.clock().now());
+            leadership.lead(file.config.name, 0);
+          });
+        }
+      }
+      // Runs whose leadership etcd no longer shows as this one's (the key expired or was
+      // taken): step down.
+      for (const std::string& run : leadership.led()) {
+        const int64_t term = leadership.view(run).term;
+        if (term == 0) continue;  // (created here: its term comes with its first write)
+        const RunInEtcd* in_etcd = nullptr;
+        for (const RunInEtcd& r : seen->runs) {
+          if (r.run == run) in_etcd = &r;
+        }
+        if (!in_etcd) continue;  // (read before its creation was written)
+        if (in_etcd->term == term && in_etcd->leader == url) continue;
+        journal.forget(run);
+        if (leadership.step_down(run, "its leader key in etcd is no longer this coordinator's"))
+          std::cerr << "traincoord: stepping down from run " << run
+                    << ": its leader key in etcd is no longer this coordinator's\n";
+      }
+      // Campaigns: runs with no leader, while this coordinator leads fewer than its share.
+      size_t mine = 0;
+      for (const RunInEtcd& r : seen->runs) mine += r.leader == url ? 1 : 0;
+      const size_t share = EtcdRunElection::share(*seen);
+      for (const RunInEtcd& r : seen->runs) {
+        if (mine >= share || leadership.stop_requested()) break;
+        if (r.leader) continue;
+        const auto won_at = std::chrono::steady_clock::now();
+        auto won = election.campaign(r.run);
+        if (!won || !*won) continue;
+        mine += 1;
+        const int64_t term = **won;
+        auto copy = election.read(r.run);
+        std::optional<std::string> refused;
+        if (!copy) refused = copy.error().message;
+        // Replayed apart, off the engine thread; only the result joins the engine.
+        std::string bytes;
+        std::optional<RunConfig> config;
+        RestoreReport report;
+        if (!refused) {
+          ServerClock scratch_clock;
+          Engine scratch(scratch_clock);
+          RunCopyJournal source(*copy, journal.describe() + " (run " + r.run + ")");
+          Api replay(scratch, scratch_clock, ApiLimits::none());
+          auto restored = restore_engine(source, scratch, replay, scratch_clock);
+          if (!restored) {
+            refused = restored.error().message;
+          } else {
+            report = *restored;
+            const Run& run = **scratch.find(r.run);
+            for (const ConfigFile& file : files) {
+              if (file.config.name != r.run) continue;
+              const auto changed = config_differences(run.config(), file.config);
+              if (!changed.empty()) {
+                std::cerr << "traincoord: run " << r.run << " (" << file.path
+                          << ") was started with a different config; these fields differ: "
+                          << join(changed) << ". Give the run a new name to start afresh\n";
+                rc = exit_code::kUsage;
+              }
+            }
+            bytes = RunCodec::save(run);
+            config = run.config();
+          }
+        }
+        if (rc != 0) {
+          election.resign(r.run);
+          break;
+        }
+        if (refused) {
+          std::cerr << "traincoord: cannot take run " << r.run << " over: " << *refused << "\n";
+          election.resign(r.run);
+          continue;
+        }
+        const int64_t lease = election.lease();
+        server.post([&, name = r.run, term, lease, copy = std::move(*copy),
+                     bytes = std::move(bytes), config = std::move(*config), report,
+                     won_at](Coordinator& c) mutable {
+          auto run = RunCodec::load(std::move(config), bytes, c.clock());
+          if (!run) {
+            std::cerr << "traincoord: cannot take run " << name << " over: " << run.error().message
+                      << "\n";
+            return;
+          }
+          if (copy.head_time > c.clock().now()) c.clock().go_live(copy.head_time);
+          if (options.auth) (void)options.auth->worker_token(name);
+          c.engine().adopt(std::move(*run));
+          journal.lead(name, term, lease, copy);
+          leadership.lead(name, term);
+          c.drop_parked(name);
+          const double after =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - won_at).count();
+          leadership.took_over(name, after);
+          std::cout << "traincoord: took run " << name << " over (term " << term << "): replayed "
+                    << report.records << " log records; serving " << after << " s after winning"
+                    << std::endl;
+        });
+      }
+    }
+    for (const std::string& run : leadership.led()) {
+      const int64_t term = leadership.view(run).term;
+      if (term == 0 || said_leading[run] == term) continue;
+      said_leading[run] = term;
+      std::cout << "traincoord: leading run " << run << " of " << journal.describe() << " (term "
+                << term << ")" << std::endl;
+    }
+    (void)leadership.wait(&seen_changes, std::chrono::milliseconds(200));
+    // Runs that stepped down since: their leader keys go now (the next leader need not wait
+    // out the lease), their parked acquires are answered not_leader.
+    const std::vector<std::string> led_now = leadership.led();
+    for (const std::string& run : led_before) {
+      if (std::find(led_now.begin(), led_now.end(), run) != led_now.end()) continue;
+      journal.forget(run);
+      election.resign(run);
+      server.post([run](Coordinator& c) { c.drop_parked(run); });
+      std::cout << "traincoord: no longer leading run " << run << std::endl;
+    }
+    led_before = led_now;
   }
-  return 0;
+  server.stop();          // (when stopping: writes what was accepted first)
+  election.resign_all();  // the other coordinators need not wait out the TTL
+  return rc;
 }
 
 int serve(const ServeArgs& args) {

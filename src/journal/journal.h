@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -128,6 +129,12 @@ class Journal {
   virtual bool last_write_was_full() const { return false; }
   // The room it keeps in reserve, for messages (0: none).
   virtual uint64_t reserve_bytes() const { return 0; }
+
+  // Leadership per run (journal/etcd_run_journal.h): the runs whose leadership a write ended,
+  // with why, and the runs created here whose first write gave them a term; taken once, by the
+  // commit thread. Other journals have no leadership: none.
+  virtual std::vector<std::pair<std::string, std::string>> take_lost_runs() { return {}; }
+  virtual std::vector<std::pair<std::string, int64_t>> take_won_runs() { return {}; }
 
   // Its own series for GET /metrics, in the Prometheus text format (any thread).
   virtual void append_metrics(std::string& /*out*/) const {}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "config/config_file.h"
 #include "json/json_writer.h"
 #include "server/auth.h"
 #include "server/leadership.h"
@@ -32,14 +33,16 @@ std::string leader_headers(const Leadership::View& view) {
 
 // 421 Misdirected Request: this coordinator does not lead; where the leader is, if known
 // (docs/HA.md; the clients follow `leader`, or wait `retry_after_ms` and try their other URLs).
-HttpReply not_leader_reply(const Leadership::View& view) {
+HttpReply not_leader_reply(std::string_view run, const Leadership::View& view) {
   JsonWriter j;
   j.begin_object().key("error").begin_object();
   j.field("code", error_reason::kNotLeader);
   j.field("message", view.term > 0
-                         ? "this coordinator does not lead the runs; the leader is " + view.leader
-                         : std::string("this coordinator does not lead the runs, and no leader is "
-                                       "known now (an election is under way); retry shortly"));
+                         ? "this coordinator does not lead run " + std::string(run) +
+                               "; its leader is " + view.leader
+                         : "this coordinator does not lead run " + std::string(run) +
+                               ", and no leader of it is known now (an election is under way); "
+                               "retry shortly");
   j.key("leader");
   if (view.term > 0) {
     j.value(view.leader);
@@ -89,8 +92,14 @@ Coordinator::~Coordinator() = default;
 
 Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
   Wave wave;
-  const Leadership::View leader =
-      options_.leadership ? options_.leadership->view() : Leadership::View{true, 0, {}};
+  {
+    std::vector<std::function<void(Coordinator&)>> posted;
+    {
+      std::lock_guard lock(posted_mu_);
+      posted.swap(posted_);
+    }
+    for (auto& task : posted) task(*this);
+  }
   if (journal_full != clock_.frozen()) journal_full_changed(journal_full, &wave.notices);
   std::vector<std::string_view> touched;  // views into the calls' targets
   for (Call& call : calls) {
@@ -100,23 +109,32 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
       // Refused before anything happens: nothing to log, nothing changed.
       if (auto refused =
               options_.auth->check(request.method, request.target, request.authorization)) {
-        outbox_.push_back({std::move(call.to), std::move(*refused), endpoint});
+        outbox_.push_back({std::move(call.to), std::move(*refused), endpoint, {}, 0});
         continue;
       }
     }
-    if (!leader.leading && needs_leader(request)) {
-      outbox_.push_back({std::move(call.to), not_leader_reply(leader), endpoint});
-      continue;
+    // High availability: the run this request is about (a created run: the one its body names).
+    std::string about;
+    if (options_.leadership && needs_leader(request)) {
+      about = std::string(Api::run_of(request.target));
+      if (about.empty() && endpoint == "create_run") {
+        if (auto config = parse_run_config_json(request.body, "run config")) about = config->name;
+      }
+      const Leadership::View view = options_.leadership->view(about);
+      if (!about.empty() && view.known && !view.leading) {
+        outbox_.push_back({std::move(call.to), not_leader_reply(about, view), endpoint, about, 0});
+        continue;
+      }
     }
     if (request.method == "GET" &&
         (endpoint == "metrics" || endpoint == "dashboard" || endpoint == "coordinator")) {
-      outbox_.push_back({std::move(call.to), serve_get(request), endpoint});
+      outbox_.push_back({std::move(call.to), serve_get(request), endpoint, {}, 0});
       continue;
     }
     if (journal_full && request.method != "GET") {
       // Nothing new is taken while the journal has no room; what was accepted is written first
       // (the commit pipeline retries it), reads go on.
-      outbox_.push_back({std::move(call.to), journal_full_reply(), endpoint});
+      reply(std::move(call.to), journal_full_reply(), endpoint, about);
       continue;
     }
     const TimeMs t = clock_.hold();
@@ -144,6 +162,11 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
       }
     }
     if (auto* reply = std::get_if<HttpReply>(&result)) {
+      if (options_.leadership && endpoint == "create_run" && reply->status == 201) {
+        // Led here: its first write creates it in etcd with this coordinator as its leader (or
+        // is refused if it exists elsewhere: then it steps down and the reply is not sent).
+        options_.leadership->lead(about, 0);
+      }
       if (options_.auth && endpoint == "create_run" && reply->status == 201) {
         // Its workers' token, made now: a run is served only with a token to give its workers.
         for (const Run* r : engine_.runs()) {
@@ -161,7 +184,7 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
           }
         }
       }
-      outbox_.push_back({std::move(call.to), std::move(*reply), endpoint});
+      this->reply(std::move(call.to), std::move(*reply), endpoint, about);
     } else {
       auto& acquire = std::get<ParkedAcquire>(result);
       parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.to), endpoint});
@@ -201,14 +224,40 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
   }
   std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
   if (journal_) wave.writes = journal_->take(engine_, /*snapshots=*/true, clock_.now());
-  if (leader.leading && leader.term > 0) {
-    const std::string headers = leader_headers(leader);
-    for (Outgoing& o : outbox_) o.reply.headers = headers;
-  }
   wave.replies = std::move(outbox_);
   outbox_.clear();
   calls.clear();  // (only now: `touched` viewed their targets)
   return wave;
+}
+
+void Coordinator::reply(ReplyTo to, HttpReply reply, std::string_view endpoint,
+                        std::string_view run) {
+  uint64_t generation = 0;
+  if (options_.leadership && !run.empty()) {
+    const Leadership::View view = options_.leadership->view(run);
+    if (view.leading) {
+      generation = view.generation;
+      if (view.term > 0) reply.headers = leader_headers(view);
+    }
+  }
+  outbox_.push_back({std::move(to), std::move(reply), endpoint, std::string(run), generation});
+}
+
+void Coordinator::post(std::function<void(Coordinator&)> task) {
+  std::lock_guard lock(posted_mu_);
+  posted_.push_back(std::move(task));
+}
+
+void Coordinator::drop_parked(std::string_view run) {
+  auto it = parked_.find(run);
+  if (it == parked_.end()) return;
+  const Leadership::View view =
+      options_.leadership ? options_.leadership->view(run) : Leadership::View{};
+  for (Parked& p : it->second) {
+    outbox_.push_back(
+        {std::move(p.to), not_leader_reply(run, view), p.endpoint, std::string(run), 0});
+  }
+  parked_.erase(it);
 }
 
 void Coordinator::record(std::string_view run, TimeMs t, RecordKind kind, std::string_view target,
@@ -255,8 +304,7 @@ void Coordinator::journal_full_changed(bool full, std::vector<std::string>* noti
                   : std::string("the journal has no room")) +
         ": taking no new work (503) until there is room; reads go on, leases do not expire");
     for (auto& [run, queue] : parked_) {
-      for (Parked& p : queue)
-        outbox_.push_back({std::move(p.to), journal_full_reply(), p.endpoint});
+      for (Parked& p : queue) reply(std::move(p.to), journal_full_reply(), p.endpoint, run);
     }
     parked_.clear();
   } else {
@@ -292,7 +340,7 @@ std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool ti
 void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
   for (auto it = queue.begin(); it != queue.end();) {
     if (auto refused = api_.refusal(it->acquire)) {
-      outbox_.push_back({std::move(it->to), std::move(*refused), it->endpoint});
+      reply(std::move(it->to), std::move(*refused), it->endpoint, it->acquire.run);
       it = queue.erase(it);
     } else {
       ++it;
@@ -301,12 +349,13 @@ void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
   while (!queue.empty()) {
     auto reply = retry(queue.front().acquire, false);
     if (!reply) break;  // nothing for the first: nothing for the others either
-    outbox_.push_back({std::move(queue.front().to), std::move(*reply), queue.front().endpoint});
+    this->reply(std::move(queue.front().to), std::move(*reply), queue.front().endpoint,
+                queue.front().acquire.run);
     queue.pop_front();
   }
   for (auto it = queue.begin(); it != queue.end();) {
     if (it->acquire.deadline <= now) {
-      outbox_.push_back({std::move(it->to), *retry(it->acquire, true), it->endpoint});
+      reply(std::move(it->to), *retry(it->acquire, true), it->endpoint, it->acquire.run);
       it = queue.erase(it);
     } else {
       ++it;

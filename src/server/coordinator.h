@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,11 @@ struct Outgoing {
   ReplyTo to;
   HttpReply reply;
   std::string_view endpoint;  // a literal from the endpoint table (metrics label)
+  // High availability: the run it is about, and the generation of this coordinator's leadership
+  // of that run it was produced under (0: not a leader's reply, e.g. 421 not_leader: sent as it
+  // is). The commit thread sends it only while that leadership lasts (server/leadership.h).
+  std::string run;
+  uint64_t generation = 0;
 };
 
 // What one step produced. `replies` may be sent only once `writes` is written (and must be
@@ -73,11 +79,12 @@ struct CoordinatorOptions {
   ApiLimits limits;
   Auth* auth = nullptr;  // null: no tokens needed; else checked before anything else
   TimeMs tick_ms = 50;   // lease expiries and long-poll deadlines, this often
-  // High availability (docs/HA.md): null: this coordinator alone serves its runs. Else, while
-  // it does not lead, every request about a run (and POST /v1/runs) is answered 421 not_leader
-  // naming the leader; while it leads, every reply carries Traincoord-Term and
-  // Traincoord-Leader.
-  const Leadership* leadership = nullptr;
+  // High availability (docs/HA.md): null: this coordinator alone serves its runs. Else leadership
+  // is per run: every request about a run it does not lead (and POST /v1/runs of a run that
+  // exists elsewhere) is answered 421 not_leader naming that run's leader; a reply about a run
+  // it leads carries Traincoord-Term and Traincoord-Leader and the leadership's generation
+  // (Outgoing); a run created here is led here (Leadership::lead).
+  Leadership* leadership = nullptr;
 };
 
 class Coordinator {
@@ -109,6 +116,16 @@ class Coordinator {
 
   Api& api() { return api_; }
 
+  // High availability: runs `task` on this coordinator's thread at the start of the next step()
+  // (any thread may post; the engine thread steps at least every tick). How a run taken over
+  // joins the engine while it serves the others.
+  void post(std::function<void(Coordinator&)> task);
+  Engine& engine() { return engine_; }
+  ServerClock& clock() { return clock_; }
+  // Answers the parked acquires of `run` 421 not_leader (its leadership here ended, or a new
+  // one starts: they belong to the old one).
+  void drop_parked(std::string_view run);
+
  private:
   struct Parked {
     ParkedAcquire acquire;
@@ -129,7 +146,12 @@ class Coordinator {
   CoordinatorOptions options_;
   std::unique_ptr<JournalObserver> observer_;
   Api api_;
+  // Queues a reply, stamped with its run's leadership (HA).
+  void reply(ReplyTo to, HttpReply reply, std::string_view endpoint, std::string_view run);
+
   std::vector<Outgoing> outbox_;
+  std::mutex posted_mu_;
+  std::vector<std::function<void(Coordinator&)>> posted_;
   std::map<std::string, std::deque<Parked>, std::less<>> parked_;
   std::function<void(std::string&)> transport_metrics_;
   TimeMs last_tick_;

@@ -68,6 +68,8 @@ class HttpServer::Impl {
     acceptor_.reset();
   }
 
+  void post(std::function<void(Coordinator&)> task) { coordinator_.post(std::move(task)); }
+
   Result<uint16_t> start() {
     if (options_.tls.enabled()) {
       auto ctx = make_tls_context(options_.tls);
@@ -404,24 +406,45 @@ class HttpServer::Impl {
       }
       const auto start = std::chrono::steady_clock::now();
       if (Leadership* leadership = options_.leadership) {
-        // High availability: nothing is written or answered once this leadership has ended;
-        // a failed write ends it (etcd refused it, or could not say whether it took it: the
-        // next leader replays what etcd holds, and the clients retry what was not answered).
-        bool written = leadership->view().leading;
-        if (written && all) {
-          auto r = journal_->write(*all);
-          if (!r) {
-            written = false;
-            if (leadership->step_down(r.error().message)) {
-              std::fprintf(stderr, "traincoord: stepping down: %s\n", r.error().message.c_str());
-            }
+        // High availability, leadership per run (docs/HA.md): each run's part of the batch is
+        // written in txns of its own, fenced on that run's leadership; a run whose write was
+        // refused (another coordinator leads it), or in doubt (etcd did not answer), steps down
+        // alone: its replies are dropped, never sent, and the other runs' go out. A reply goes
+        // out only while the leadership it was produced under lasts.
+        if (all) (void)journal_->write(*all);
+        if (all && !all->empty()) {
+          std::lock_guard lock(metrics_mu_);
+          commit_latency_.observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          commit_batch_.observe(static_cast<double>(requests));
+        }
+        for (auto& [run, term] : journal_->take_won_runs()) leadership->set_term(run, term);
+        for (auto& [run, why] : journal_->take_lost_runs()) {
+          if (leadership->step_down(run, why)) {
+            std::fprintf(stderr, "traincoord: stepping down from run %s: %s\n", run.c_str(),
+                         why.c_str());
           }
         }
-        if (!written) {
-          dropped_ += requests;
-          work.clear();
-          continue;
+        for (Wave& w : work) {
+          std::vector<Outgoing> sendable;
+          for (Outgoing& o : w.replies) {
+            if (o.generation != 0) {
+              if (!leadership->leads(o.run, o.generation)) {
+                dropped_ += 1;
+                continue;
+              }
+              const Leadership::View view = leadership->view(o.run);
+              if (view.term > 0) {
+                o.reply.headers = "Traincoord-Term: " + std::to_string(view.term) +
+                                  "\r\nTraincoord-Leader: " + view.leader + "\r\n";
+              }
+            }
+            sendable.push_back(std::move(o));
+          }
+          send(sendable);
         }
+        work.clear();
+        continue;
       }
       while (!options_.leadership) {
         auto r = all ? journal_->write(*all) : Result<void>{};
@@ -856,5 +879,6 @@ HttpServer::~HttpServer() = default;
 Result<uint16_t> HttpServer::start() { return impl_->start(); }
 void HttpServer::wait() { impl_->wait(); }
 void HttpServer::stop() { impl_->stop(); }
+void HttpServer::post(std::function<void(Coordinator&)> task) { impl_->post(std::move(task)); }
 
 }  // namespace traincoord

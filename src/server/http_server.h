@@ -23,6 +23,8 @@
 
 namespace traincoord {
 
+class Coordinator;
+
 // TLS for the listening socket. Empty cert_file: plain HTTP.
 struct TlsOptions {
   std::string cert_file;       // PEM: the server's certificate (chain)
@@ -72,6 +74,9 @@ class HttpServer {
   void wait();
   // Stops accepting, closes every connection and joins the threads. Idempotent.
   void stop();
+  // Runs `task` on the engine thread, within a tick (Coordinator::post): high availability
+  // adds the runs it takes over to the engine so, while serving the others.
+  void post(std::function<void(Coordinator&)> task);
 
  private:
   class Impl;

@@ -220,13 +220,13 @@ TEST_F(EtcdOverTls, ACoordinatorOnEtcdsLeadsAndAWorkerCompletesTheRun) {
   const std::string said = server->read_output();
   EXPECT_NE(said.find("state in etcds://root@" + cluster_->endpoint(0) + "/run"), std::string::npos)
       << said;
-  EXPECT_NE(said.find("leading etcds://root@"), std::string::npos) << said;
+  EXPECT_NE(said.find("leading run tls of etcds://root@"), std::string::npos) << said;
   EXPECT_EQ(secrets_in(said), "") << said;
 
-  // What it wrote is in etcd (read back over TLS): the run's config and the journal's head.
+  // What it wrote is in etcd (read back over TLS): the run's journal head (leadership per run).
   etcd::Client client(options({true, pem("ca"), pem("client"), pem("client-key")}));
   client.authenticate_as("root", kPassword);
-  auto head = client.range("/run/head");
+  auto head = client.range("/run/head/tls");
   ASSERT_TRUE(head) << head.error().message;
   ASSERT_EQ(head->kvs.size(), 1u);
   std::istringstream words(head->kvs[0].value);  // "TERM SEQ TIME"

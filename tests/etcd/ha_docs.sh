@@ -28,5 +28,5 @@ echo "$out"
 grep -q '"code":"not_leader"' <<< "$out" || { echo "the standby did not answer not_leader"; exit 1; }
 grep -q '"role":"standby"' <<< "$out" || { echo "GET /v1/coordinator on b did not say standby"; exit 1; }
 grep -q 'coordinators:' <<< "$out" || { echo "status printed no coordinators"; exit 1; }
-grep -q 'leading etcd://' ha-demo/b.log || { echo "b did not take over"; exit 1; }
+grep -q 'leading run example' ha-demo/b.log || { echo "b did not take over"; exit 1; }
 echo "docs/HA.md snippet ran as printed"

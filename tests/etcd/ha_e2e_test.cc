@@ -116,11 +116,17 @@ TEST(HighAvailability, AStandbyAnswersNotLeaderNamingTheLeader) {
   const std::string term = header(led, "Traincoord-Term");
   ASSERT_FALSE(term.empty()) << led.headers;
   EXPECT_GT(std::stoll(term), 0);
-  for (const auto& [method, target] : std::vector<std::pair<std::string, std::string>>{
-           {"GET", "/v1/runs/ha"}, {"POST", "/v1/runs/ha/workers"}, {"POST", "/v1/runs"}}) {
+  // (Leadership is per run: creating run "ha" again on b is misdirected too.)
+  const std::string create_ha = R"({"name": "ha", "data": {"train_batches": 60, "dev_batches": 6},)"
+                                R"( "schedule": {"epochs": 3, "iters_per_worker": 1}})";
+  for (const auto& [method, target, body] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"GET", "/v1/runs/ha", "{}"},
+           {"POST", "/v1/runs/ha/workers", "{}"},
+           {"POST", "/v1/runs", create_ha}}) {
     Reply r;
     for (int i = 0; i < 50 && r.status != 421; ++i) {  // (until it has read the leader key)
-      r = http(b->url(), method, target, "{}");
+      r = http(b->url(), method, target, body);
       rapidjson::Document d;
       d.Parse(r.body.c_str());
       if (r.status == 421 && d["error"]["leader"].IsNull()) r.status = 0;

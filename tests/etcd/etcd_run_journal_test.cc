@@ -1,0 +1,366 @@
+// Leadership per run against a real etcd (journal/etcd_run_journal.h): two coordinators each
+// lead a run of the same prefix; one is lost (its lease expires): only its run moves, byte for
+// byte, the other's leader and term stay; a refused write ends the leadership of its run alone;
+// the per-process layout is refused with a clear error.
+#include "journal/etcd_run_journal.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "core/run_codec.h"
+#include "etcd/etcd_cluster.h"
+#include "server/coordinator.h"
+#include "server/leadership.h"
+#include "server/restore.h"
+
+namespace traincoord {
+namespace {
+
+using testing::EtcdCluster;
+
+std::string config_json(const std::string& name) {
+  return R"({"name": ")" + name +
+         R"(", "data": {"train_batches": 40, "dev_batches": 3}, "schedule": {"epochs": 3,)"
+         R"( "iters_per_worker": 1}, "leases": {"timeout": 5.0, "max_attempts": 100,)"
+         R"( "on_job_failure": "skip"}, "early_stop": {"rule": "none"}})";
+}
+
+EtcdJournalOptions options_of(const EtcdCluster& cluster) {
+  auto o = parse_etcd_url("etcd://" + cluster.endpoints() + "/rt");
+  EXPECT_TRUE(o);
+  o->snapshot_every = 25;  // snapshots (and the records they cover deleted) within the test
+  o->chunk_bytes = 900;    // in several chunks
+  return *o;
+}
+
+// A coordinator of per-run leadership, without the network: each wave is written before its
+// replies go out, and replies of runs whose leadership a write ended are dropped, as the
+// server's commit thread must.
+class Coord {
+ public:
+  Coord(ManualClock& wall, const EtcdJournalOptions& options, const std::string& url, int64_t ttl_s)
+      : clock_(&wall),
+        engine_(clock_),
+        election_(options, url, ttl_s),
+        journal_(options),
+        leadership_(url) {
+    clock_.go_live(wall.now());
+    auto joined = election_.join();
+    EXPECT_TRUE(joined) << joined.error().message;
+    journal_.set_lease(election_.lease());
+    journal_.set_advertised_url(url);
+    sync();
+    CoordinatorOptions o;
+    o.leadership = &leadership_;
+    coordinator_ = std::make_unique<Coordinator>(engine_, clock_, &journal_, o);
+  }
+
+  // Reads who leads what in etcd, as serve does every 200 ms (until then every run request is
+  // answered 421: nothing is known).
+  void sync() {
+    auto seen = election_.observe();
+    ASSERT_TRUE(seen) << seen.error().message;
+    std::vector<Leadership::Seen> views;
+    for (const RunInEtcd& r : seen->runs) {
+      views.push_back({r.run, r.leader.value_or(""), r.term, {}});
+    }
+    leadership_.saw(views, seen->members);
+  }
+
+  // The replies of `requests` that may go out.
+  std::vector<HttpReply> wave(const std::vector<HttpRequest>& requests) {
+    std::vector<Call> calls;
+    auto replies = std::make_shared<std::vector<HttpReply>>();
+    for (const HttpRequest& r : requests) {
+      calls.push_back({r, ReplyTo{[replies](HttpReply reply) { replies->push_back(reply); }, {}}});
+    }
+    Wave w = coordinator_->step(calls);
+    if (w.writes) (void)journal_.write(*w.writes);
+    for (auto& [run, term] : journal_.take_won_runs()) leadership_.set_term(run, term);
+    for (auto& [run, why] : journal_.take_lost_runs()) {
+      leadership_.step_down(run, why);
+      lost.push_back(run);
+    }
+    for (Outgoing& o : w.replies) {
+      if (o.generation != 0 && !leadership_.leads(o.run, o.generation)) continue;  // dropped
+      o.to.respond(std::move(o.reply));
+    }
+    return *replies;
+  }
+  HttpReply post(const std::string& target, const std::string& body) {
+    auto r = wave({HttpRequest{"POST", target, body, {}}});
+    return r.empty() ? HttpReply{0, {}, {}, {}, {}} : r[0];
+  }
+
+  // Takes `run` over: campaigns, reads it from etcd, replays it apart, and serves it.
+  bool take_over(const std::string& run) {
+    auto won = election_.campaign(run);
+    if (!won || !*won) return false;
+    auto copy = election_.read(run);
+    EXPECT_TRUE(copy) << copy.error().message;
+    if (!copy) return false;
+    ServerClock scratch_clock;
+    Engine scratch(scratch_clock);
+    RunCopyJournal source(*copy, "etcd run " + run);
+    Api replay(scratch, scratch_clock, ApiLimits::none());
+    auto report = restore_engine(source, scratch, replay, scratch_clock);
+    EXPECT_TRUE(report) << report.error().message;
+    if (!report) return false;
+    const Run& restored = **scratch.find(run);
+    auto moved = RunCodec::load(restored.config(), RunCodec::save(restored), clock_);
+    EXPECT_TRUE(moved) << moved.error().message;
+    engine_.adopt(std::move(*moved));
+    journal_.lead(run, **won, election_.lease(), *copy);
+    leadership_.lead(run, **won);
+    return true;
+  }
+
+  std::string state(const std::string& run) {
+    auto r = engine_.find(run);
+    return r ? RunCodec::save_journalled(**r) : std::string();
+  }
+  EtcdRunElection& election() { return election_; }
+  EtcdRunJournal& journal() { return journal_; }
+  Leadership& leadership() { return leadership_; }
+  std::vector<std::string> lost;
+
+ private:
+  ServerClock clock_;
+  Engine engine_;
+  EtcdRunElection election_;
+  EtcdRunJournal journal_;
+  Leadership leadership_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+// Workers of `run` on `c`: each wave, every worker acquires or completes a job. Returns the
+// completions accepted (a reply dropped or refused: not counted).
+int drive(Coord& c, ManualClock& wall, const std::string& run, int workers, int waves,
+          std::vector<uint64_t>* ids, std::vector<std::optional<uint64_t>>* leases) {
+  const std::string base = "/v1/runs/" + run;
+  if (ids->empty()) {
+    for (int w = 0; w < workers; ++w) {
+      HttpReply r = c.post(base + "/workers", R"({"name": "w)" + std::to_string(w) + "\"}");
+      EXPECT_EQ(r.status, 200) << r.body;
+      if (r.status != 200) return 0;
+      ids->push_back(std::stoull(r.body.substr(r.body.find("\"worker\":") + 9)));
+    }
+    leases->assign(workers, std::nullopt);
+  }
+  int accepted = 0;
+  for (int i = 0; i < waves; ++i) {
+    std::vector<HttpRequest> requests;
+    for (int w = 0; w < workers; ++w) {
+      const std::string me = R"({"worker": )" + std::to_string((*ids)[w]);
+      if ((*leases)[w]) {
+        requests.push_back({"POST",
+                            base + "/complete",
+                            me + R"(, "completions": [{"lease": )" + std::to_string(*(*leases)[w]) +
+                                R"(, "loss": 0.5, "samples": 4}], "next": true})",
+                            {}});
+      } else {
+        requests.push_back({"POST", base + "/acquire", me + "}", {}});
+      }
+    }
+    auto replies = c.wave(requests);
+    if (replies.size() != requests.size()) return accepted;
+    for (int w = 0; w < workers; ++w) {
+      if ((*leases)[w] && replies[w].status == 200) accepted += 1;
+      const auto at = replies[w].body.find("\"lease\":");
+      (*leases)[w] = at == std::string::npos
+                         ? std::nullopt
+                         : std::optional<uint64_t>(std::stoull(replies[w].body.substr(at + 8)));
+    }
+    wall.advance(7);
+  }
+  return accepted;
+}
+
+const RunInEtcd* find_run(const RunsObservation& o, const std::string& run) {
+  for (const RunInEtcd& r : o.runs) {
+    if (r.run == run) return &r;
+  }
+  return nullptr;
+}
+
+TEST(EtcdRunLeadership, ALostCoordinatorMovesOnlyItsRunAndTheOtherKeepsItsLeader) {
+  EtcdCluster cluster;
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  ManualClock wall(1'000'000);
+  // a's lease is short (it is lost by letting it expire); b's outlasts the test.
+  Coord a(wall, options, "http://a", 2), b(wall, options, "http://b", 60);
+  // A run created on a coordinator is led by it.
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  ASSERT_EQ(b.post("/v1/runs", config_json("y")).status, 201);
+  EXPECT_EQ(a.journal().runs(), std::vector<std::string>{"x"});
+  EXPECT_EQ(b.journal().runs(), std::vector<std::string>{"y"});
+  auto seen = b.election().observe();
+  ASSERT_TRUE(seen) << seen.error().message;
+  ASSERT_EQ(seen->runs.size(), 2u);
+  EXPECT_EQ(seen->members, 2u);
+  EXPECT_EQ(EtcdRunElection::share(*seen), 1u);
+  EXPECT_EQ(find_run(*seen, "x")->leader, "http://a");
+  EXPECT_EQ(find_run(*seen, "y")->leader, "http://b");
+  const int64_t y_term = find_run(*seen, "y")->term;
+  EXPECT_GT(y_term, 0);
+  EXPECT_EQ(b.journal().leadership_of("y").second, y_term);
+  EXPECT_EQ(b.leadership().view("y").term, y_term);  // (the term its creation's write gave it)
+  // a, told who leads what, answers y's requests 421 not_leader naming b, with b's term.
+  {
+    std::vector<Leadership::Seen> views;
+    for (const RunInEtcd& r : seen->runs)
+      views.push_back({r.run, r.leader.value_or(""), r.term, {}});
+    a.leadership().saw(views, seen->members);
+    HttpReply misdirected = a.post("/v1/runs/y/workers", R"({"name": "lost"})");
+    EXPECT_EQ(misdirected.status, 421);
+    EXPECT_NE(misdirected.body.find(R"("leader":"http://b")"), std::string::npos)
+        << misdirected.body;
+    EXPECT_NE(misdirected.body.find("\"term\":" + std::to_string(y_term)), std::string::npos)
+        << misdirected.body;
+    // and creating a run that b leads is misdirected too
+    EXPECT_EQ(a.post("/v1/runs", config_json("y")).status, 421);
+  }
+  // Nobody takes a run that is led; a run that exists already cannot be created again.
+  auto taken = b.election().campaign("x");
+  ASSERT_TRUE(taken);
+  EXPECT_FALSE(*taken);
+  EXPECT_EQ(b.post("/v1/runs", config_json("x")).status, 0);  // refused in etcd: not answered
+  EXPECT_EQ(b.lost, std::vector<std::string>{"x"});
+  EXPECT_EQ(b.journal().runs(), std::vector<std::string>{"y"});
+
+  std::vector<uint64_t> xi, yi;
+  std::vector<std::optional<uint64_t>> xl, yl;
+  int x_done = drive(a, wall, "x", 3, 20, &xi, &xl);
+  int y_done = drive(b, wall, "y", 3, 20, &yi, &yl);
+  EXPECT_GT(x_done, 20);
+  EXPECT_GT(y_done, 20);
+  const std::string x_state = a.state("x");
+
+  // a is lost: its lease expires (no keep-alive); b keeps its own alive meanwhile.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto kept = b.election().keep_alive();
+    ASSERT_TRUE(kept && *kept);
+    auto now = b.election().observe();
+    ASSERT_TRUE(now) << now.error().message;
+    gone = !find_run(*now, "x")->leader;
+    // Meanwhile y is served and its leader stays.
+    EXPECT_EQ(find_run(*now, "y")->leader, "http://b");
+    EXPECT_EQ(find_run(*now, "y")->term, y_term);
+  }
+  ASSERT_TRUE(gone) << "a's leader key of x outlived its lease";
+  auto now = b.election().observe();
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->members, 1u);
+  EXPECT_EQ(EtcdRunElection::share(*now), 2u);  // alone: b may lead both
+  // b takes x over: it comes back exactly as a left it.
+  ASSERT_TRUE(b.take_over("x"));
+  EXPECT_EQ(b.state("x"), x_state);
+  // a, not knowing, writes x again: refused; nothing of it lands; its replies are dropped.
+  EXPECT_EQ(drive(a, wall, "x", 3, 1, &xi, &xl), 0);
+  EXPECT_EQ(a.lost, std::vector<std::string>{"x"});
+  EXPECT_TRUE(a.journal().runs().empty());
+  // b goes on with both; y's leadership is the one it had.
+  auto xi_b = xi;
+  auto xl_b = xl;
+  x_done += drive(b, wall, "x", 3, 10, &xi_b, &xl_b);
+  y_done += drive(b, wall, "y", 3, 10, &yi, &yl);
+  EXPECT_TRUE(b.lost.size() == 1);  // (x, refused at its creation above)
+  EXPECT_EQ(b.journal().leadership_of("y").second, y_term);
+  auto after = b.election().observe();
+  ASSERT_TRUE(after);
+  EXPECT_EQ(find_run(*after, "x")->leader, "http://b");
+  EXPECT_GT(find_run(*after, "x")->term, y_term);
+  EXPECT_EQ(find_run(*after, "y")->term, y_term);
+  // What etcd holds of each run is what b serves (a third coordinator reads them back).
+  ManualClock wall_c(wall.now());
+  Coord c(wall_c, options, "http://c", 60);
+  b.election().resign("x");
+  b.election().resign("y");
+  ASSERT_TRUE(c.take_over("x"));
+  ASSERT_TRUE(c.take_over("y"));
+  EXPECT_EQ(c.state("x"), b.state("x"));
+  EXPECT_EQ(c.state("y"), b.state("y"));
+}
+
+TEST(EtcdRunLeadership, ARefusedWriteEndsTheLeadershipOfItsRunAlone) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60), thief(wall, options, "http://thief", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  ASSERT_EQ(a.post("/v1/runs", config_json("y")).status, 201);
+  std::vector<uint64_t> xi, yi;
+  std::vector<std::optional<uint64_t>> xl, yl;
+  ASSERT_GT(drive(a, wall, "x", 2, 4, &xi, &xl), 0);
+  ASSERT_GT(drive(a, wall, "y", 2, 4, &yi, &yl), 0);
+  // x's leader key is gone (as when a resigns it) and another coordinator takes x.
+  a.election().resign("x");
+  ASSERT_TRUE(thief.take_over("x"));
+  const std::string x_state = thief.state("x");
+  // One wave of a touching both runs: x's part is refused, y's written.
+  auto seen = a.election().observe();
+  ASSERT_TRUE(seen);
+  const int64_t y_seq = find_run(*seen, "y")->head_seq;
+  std::vector<HttpRequest> both = {{"POST", "/v1/runs/x/workers", R"({"name": "late-x"})", {}},
+                                   {"POST", "/v1/runs/y/workers", R"({"name": "late-y"})", {}}};
+  auto replies = a.wave(both);
+  ASSERT_EQ(replies.size(), 1u);  // x's reply dropped
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+  EXPECT_EQ(a.lost, std::vector<std::string>{"x"});
+  EXPECT_EQ(a.journal().runs(), std::vector<std::string>{"y"});
+  auto after = a.election().observe();
+  ASSERT_TRUE(after);
+  EXPECT_EQ(find_run(*after, "y")->head_seq, y_seq + 1);
+  EXPECT_EQ(find_run(*after, "x")->leader, "http://thief");
+  // Nothing of a's x landed: read back, x is what the thief took over.
+  ManualClock wall_c(wall.now());
+  Coord reader(wall_c, options, "http://reader", 60);
+  thief.election().resign("x");
+  ASSERT_TRUE(reader.take_over("x"));
+  EXPECT_EQ(reader.state("x"), x_state);
+}
+
+// A coordinator that gave its lease up while etcd was down (its runs stepped down) revokes it
+// once etcd is back: its leader keys go at once, not a TTL later (etcd renews every lease's TTL
+// when it elects a Raft leader), so the runs are taken over at once.
+TEST(EtcdRunLeadership, ALeaseGivenUpWhileEtcdWasDownIsRevokedOnceItIsBack) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  ManualClock wall(1'000'000);
+  // (a's TTL: its calls give up after a third of it while etcd is down)
+  Coord a(wall, options, "http://a", 6), b(wall, options, "http://b", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  cluster.kill(0);
+  a.election().resign_all();  // (etcd is down: not revoked now)
+  ASSERT_TRUE(cluster.restart(0));
+  auto joined = a.election().join();
+  ASSERT_TRUE(joined) << joined.error().message;
+  auto seen = b.election().observe();
+  ASSERT_TRUE(seen) << seen.error().message;
+  ASSERT_EQ(seen->runs.size(), 1u);
+  EXPECT_FALSE(seen->runs[0].leader) << *seen->runs[0].leader;  // (its lease's TTL: 6 s)
+  EXPECT_TRUE(b.take_over("x"));
+}
+
+TEST(EtcdRunLeadership, APrefixOfThePerProcessLayoutIsRefusedSayingSo) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  ASSERT_TRUE(client.put("/rt/head", "3 120 5000"));  // as etcd_journal.h writes it
+  EtcdRunElection election(options, "http://a", 60);
+  auto joined = election.join();
+  ASSERT_FALSE(joined);
+  EXPECT_NE(joined.error().message.find("per-process layout"), std::string::npos)
+      << joined.error().message;
+  EXPECT_NE(joined.error().message.find("new prefix"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace traincoord

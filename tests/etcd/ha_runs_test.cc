@@ -1,0 +1,266 @@
+// Leadership per run end to end (docs/HA.md "Leadership per run"): a real 3-member etcd cluster,
+// two coordinators on one prefix, each creating one run of its config file and leading it;
+// workers on both runs; one coordinator killed with SIGKILL: only its run moves, the other run
+// keeps its leader and term and its workers see no failover; both runs finish with every job of
+// every epoch counted exactly once. Every process is stopped by its PID, also when the test
+// fails.
+#include <gtest/gtest.h>
+#include <rapidjson/document.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "e2e/server_process.h"
+#include "etcd/etcd_cluster.h"
+#include "etcd/ha_http.h"
+
+namespace traincoord {
+namespace {
+
+using testing::EtcdCluster;
+using testing::header;
+using testing::http;
+using testing::Reply;
+using testing::ServerProcess;
+using testing::TempDir;
+
+std::string run_toml(const std::string& name) {
+  return "name = \"" + name + R"("
+[data]
+train_batches = 40
+dev_batches = 4
+[schedule]
+epochs = 2
+iters_per_worker = 1
+[leases]
+timeout = 30.0
+max_attempts = 100
+on_job_failure = "skip"
+[early_stop]
+rule = "none"
+)";
+}
+
+// Waits (at most 20 s) until `done` holds.
+template <typename F>
+bool eventually(F done) {
+  for (int i = 0; i < 200; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// What the workers of one run saw.
+struct RunLog {
+  using Job = std::tuple<std::string, int64_t, int64_t>;  // set, epoch, index
+  std::mutex mu;
+  std::map<Job, int> accepted;  // as the workers were told
+  std::set<std::string> terms;  // Traincoord-Term of the replies
+  std::atomic<int> completions{0};
+  std::atomic<int> misdirected{0};  // 421s and requests no coordinator answered
+  std::atomic<bool> failed{false};
+};
+
+// A request as the clients make it: to the coordinator believed to lead the run; on no answer or
+// 421, to the leader the 421 names or the other one, until one answers (at most 20 s).
+Reply post(const std::vector<std::string>& urls, size_t* at, const std::string& target,
+           const std::string& body, RunLog& log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    Reply r = http(urls[*at], "POST", target, body);
+    if (r.status != 0 && r.status != 421) {
+      std::lock_guard lock(log.mu);
+      log.terms.insert(header(r, "Traincoord-Term"));
+      return r;
+    }
+    log.misdirected += 1;
+    bool followed = false;
+    if (r.status == 421) {
+      rapidjson::Document d;
+      d.Parse(r.body.c_str());
+      const auto& leader = d["error"]["leader"];
+      for (size_t i = 0; leader.IsString() && i < urls.size(); ++i) {
+        if (urls[i] == leader.GetString() && i != *at) {
+          *at = i;
+          followed = true;
+        }
+      }
+    }
+    if (!followed) {
+      *at = (*at + 1) % urls.size();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  return {};
+}
+
+// One worker of `run` until the run is finished.
+void work(const std::vector<std::string>& urls, const std::string& run, int w, RunLog& log) {
+  size_t at = 0;
+  const std::string base = "/v1/runs/" + run;
+  Reply reg = post(urls, &at, base + "/workers", R"({"name": "w)" + std::to_string(w) + "\"}", log);
+  if (reg.status != 200) {
+    log.failed = true;
+    return;
+  }
+  const auto id_at = reg.body.find("\"worker\":") + 9;
+  const std::string me =
+      R"({"worker": )" + reg.body.substr(id_at, reg.body.find_first_of(",}", id_at) - id_at);
+  uint64_t request = static_cast<uint64_t>(w) * 1'000'000;
+  std::string body = me + R"(, "wait_ms": 2000, "request": )" + std::to_string(++request) + "}";
+  std::string target = base + "/acquire";
+  std::optional<RunLog::Job> held;
+  for (int step = 0; step < 2000; ++step) {
+    Reply r = post(urls, &at, target, body, log);
+    if (r.status != 200) {
+      log.failed = true;
+      ADD_FAILURE() << target << " " << body << " -> " << r.status << " " << r.body;
+      return;
+    }
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    if (held && d.HasMember("counted") && d["counted"].GetBool()) {
+      std::lock_guard lock(log.mu);
+      log.accepted[*held] += 1;
+      log.completions += 1;
+    }
+    const rapidjson::Value& next = d.HasMember("next") ? d["next"] : d;
+    const std::string status = next["status"].GetString();
+    if (status == "finished") return;
+    if (status == "job") {
+      const auto& job = next["job"];
+      held = RunLog::Job{job["set"].GetString(), job["epoch"].GetInt64(), job["index"].GetInt64()};
+      target = base + "/complete";
+      body = me + R"(, "lease": )" + std::to_string(job["lease"].GetUint64()) +
+             R"(, "loss": 0.5, "samples": 1, "next": true, "wait_ms": 2000, "request": )" +
+             std::to_string(++request) + "}";
+    } else {
+      held.reset();
+      target = base + "/acquire";
+      body = me + R"(, "wait_ms": 2000, "request": )" + std::to_string(++request) + "}";
+    }
+  }
+}
+
+// The run as `url` serves it: completed, each job of each epoch counted once.
+void expect_completed_exactly_once(const std::string& url, const std::string& run, RunLog& log) {
+  Reply status = http(url, "GET", "/v1/runs/" + run + "?epochs=1000");
+  ASSERT_EQ(status.status, 200) << status.body;
+  rapidjson::Document d;
+  d.Parse(status.body.c_str());
+  EXPECT_STREQ(d["state"].GetString(), "completed") << run;
+  int64_t jobs = 0;
+  ASSERT_EQ(d["epochs"].Size(), 4u);  // 2 train, 2 dev
+  for (const auto& e : d["epochs"].GetArray()) {
+    EXPECT_EQ(e["done"].GetInt64(), e["jobs"].GetInt64()) << run;
+    EXPECT_EQ(e["failed"].GetInt64(), 0) << run;
+    jobs += e["jobs"].GetInt64();
+  }
+  EXPECT_EQ(jobs, 2 * 40 + 2 * 4);
+  EXPECT_EQ(d["counters"]["completions_accepted"].GetInt64(), jobs) << run;
+  std::lock_guard lock(log.mu);
+  for (const auto& [job, n] : log.accepted) EXPECT_EQ(n, 1) << run << " " << std::get<0>(job);
+  // (a completion whose reply died with its leader was told "duplicate" on its retry: at most
+  // one per worker is missing from the workers' count)
+  EXPECT_GE(static_cast<int64_t>(log.accepted.size()), jobs - 3);
+}
+
+// GET /v1/coordinator's per-run view: run -> {role, leader, term}.
+std::map<std::string, std::tuple<std::string, std::string, int64_t>> runs_of(
+    const std::string& url) {
+  std::map<std::string, std::tuple<std::string, std::string, int64_t>> out;
+  const Reply r = http(url, "GET", "/v1/coordinator");
+  rapidjson::Document d;
+  d.Parse(r.body.c_str());
+  if (d.HasParseError() || !d.IsObject() || !d.HasMember("runs")) return out;
+  for (const auto& run : d["runs"].GetArray()) {
+    out[run["run"].GetString()] = {run["role"].GetString(),
+                                   run["leader"].IsString() ? run["leader"].GetString() : "",
+                                   run["term"].GetInt64()};
+  }
+  return out;
+}
+
+TEST(HighAvailabilityPerRun, ACoordinatorKilledMovesOnlyItsRunTheOtherKeepsItsLeader) {
+  EtcdCluster cluster;
+  ASSERT_TRUE(cluster.started());
+  TempDir dir;
+  const std::string journal = "etcd://" + cluster.endpoints() + "/sweep";
+  auto a =
+      ServerProcess::start({"--config", dir.write("x.toml", run_toml("x")), "--journal", journal});
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(eventually([&] { return http(a->url(), "GET", "/v1/runs/x").status == 200; }));
+  auto b =
+      ServerProcess::start({"--config", dir.write("y.toml", run_toml("y")), "--journal", journal});
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(eventually([&] { return http(b->url(), "GET", "/v1/runs/y").status == 200; }))
+      << b->read_output();
+  // Each leads the run it created, and says so; each names the other as the other run's leader.
+  ASSERT_TRUE(eventually([&] {
+    auto ra = runs_of(a->url()), rb = runs_of(b->url());
+    return ra.size() == 2 && rb.size() == 2 && std::get<1>(ra["y"]) == b->url() &&
+           std::get<1>(rb["x"]) == a->url();
+  })) << http(a->url(), "GET", "/v1/coordinator").body
+      << "\n"
+      << http(b->url(), "GET", "/v1/coordinator").body;
+  auto ra = runs_of(a->url()), rb = runs_of(b->url());
+  EXPECT_EQ(std::get<0>(ra["x"]), "leader");
+  EXPECT_EQ(std::get<1>(ra["x"]), a->url());
+  EXPECT_EQ(std::get<0>(ra["y"]), "standby");
+  EXPECT_EQ(std::get<0>(rb["y"]), "leader");
+  EXPECT_EQ(std::get<0>(rb["x"]), "standby");
+  const int64_t y_term = std::get<2>(rb["y"]);
+  EXPECT_GT(y_term, 0);
+  EXPECT_EQ(std::get<2>(ra["y"]), y_term);
+  EXPECT_EQ(http(a->url(), "GET", "/v1/runs/y").status, 421);
+  EXPECT_EQ(http(b->url(), "GET", "/v1/runs/x").status, 421);
+
+  RunLog xs, ys;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&, w] { work({a->url(), b->url()}, "x", w, xs); });
+    workers.emplace_back([&, w] { work({b->url(), a->url()}, "y", w, ys); });
+  }
+  // SIGKILL a (the leader of x) once a fifth of x's jobs are done.
+  for (int i = 0; i < 600 && xs.completions < 18 && !xs.failed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int y_before_kill = ys.completions.load();
+  const auto killed_at = std::chrono::steady_clock::now();
+  a->kill(SIGKILL);
+  // (how long x goes unserved: from the kill to b answering it)
+  if (eventually([&] { return http(b->url(), "GET", "/v1/runs/x?epochs=0").status == 200; })) {
+    std::printf(
+        "failover of run x: %.2f s from the SIGKILL to b serving it; run y served by b "
+        "throughout\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  }
+  for (auto& t : workers) t.join();
+  ASSERT_FALSE(xs.failed || ys.failed) << "b said:\n" << b->read_output();
+
+  // x moved to b; y never moved: the same leader and term all along, and its workers were
+  // never misdirected nor left without an answer.
+  expect_completed_exactly_once(b->url(), "x", xs);
+  expect_completed_exactly_once(b->url(), "y", ys);
+  rb = runs_of(b->url());
+  EXPECT_EQ(std::get<0>(rb["x"]), "leader");
+  EXPECT_GT(std::get<2>(rb["x"]), y_term);
+  EXPECT_EQ(std::get<0>(rb["y"]), "leader");
+  EXPECT_EQ(std::get<2>(rb["y"]), y_term);
+  EXPECT_EQ(ys.misdirected.load(), 0);
+  EXPECT_EQ(ys.terms, (std::set<std::string>{std::to_string(y_term)}));
+  EXPECT_GT(ys.completions.load(), y_before_kill);
+  EXPECT_GE(xs.terms.size(), 2u);  // x's workers saw its new term
+  EXPECT_GT(xs.misdirected.load(), 0);
+  const std::string said = b->read_output();
+  EXPECT_NE(said.find("leading run x"), std::string::npos) << said;
+  EXPECT_EQ(said.find("no longer leading run y"), std::string::npos) << said;
+}
+
+}  // namespace
+}  // namespace traincoord
