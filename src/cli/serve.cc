@@ -277,7 +277,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         }
         auto run = leader_engine->create_run(file.config);
         if (!run) return fail(file.path + ": " + run.error().message);
-        (*journal)->add_run(file.config.name, "toml", file.text, leader_clock->now());
+        (*journal)->add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
+                            leader_clock->now());
       }
       if (auto r = (*journal)->commit(*leader_engine); !r) {
         std::cerr << "traincoord: " << r.error().message << "\n";
@@ -475,7 +476,10 @@ int serve(const ServeArgs& args) {
     }
     auto run = engine.create_run(file.config);
     if (!run) return fail(file.path + ": " + run.error().message);
-    if (store) store->add_run(file.config.name, "toml", file.text, clock.now());
+    if (store) {
+      store->add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
+                     clock.now());
+    }
   }
   if (store) {
     if (auto r = store->commit(engine); !r) return fail(r.error().message);
