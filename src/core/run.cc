@@ -519,6 +519,9 @@ void Run::freeze_cost(Epoch& e) const {
 
 void Run::report_batch_time(const Epoch& e, uint64_t position, double seconds) {
   if (!config_.cost_balanced() || !e.steps() || !(seconds > 0) || !std::isfinite(seconds)) return;
+  // Train batches only: an evaluation batch (no backward) takes a fraction of a train batch's
+  // time, and one model fitted from both would fit neither.
+  if (e.plan.set != SetKind::kTrain) return;
   if (position < e.step_base) return;  // (a job of an earlier layout)
   const uint64_t slot = position - e.step_base;
   const uint32_t rank = static_cast<uint32_t>(slot % e.ranks);
