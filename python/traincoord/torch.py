@@ -56,13 +56,15 @@ class _Pending:
     """A job whose batches are in the loader: how many were yielded and reported, and the
     sums of what was reported."""
 
-    __slots__ = ("job", "samples", "yielded", "reported", "loss", "weight", "metrics")
+    __slots__ = ("job", "samples", "yielded", "reported", "loss", "weight", "metrics",
+                 "seconds")
 
     def __init__(self, job: Job, samples: list[list[int]]) -> None:
         self.job, self.samples = job, samples
         self.yielded = self.reported = 0
         self.loss, self.weight = 0.0, 0
         self.metrics: dict[str, float] = {}
+        self.seconds = 0.0  # the batches' times reported (report(seconds=...))
 
 
 class Phase:
@@ -124,12 +126,17 @@ class Phase:
         pending = next((p for p in self._pending if p.reported < p.yielded), None)
         return 1.0 if pending is None else pending.job.loss_scale
 
-    def report(self, loss: float, samples: int | None = None, **metrics: float) -> None:
+    def report(self, loss: float, samples: int | None = None, seconds: float | None = None,
+               **metrics: float) -> None:
         """Reports the oldest batch the loader handed out and no report has covered yet: its
         loss (a float or a 0-dim tensor), its weight in the epoch's mean (default: its number
-        of samples) and named metrics (e.g. accuracy). Once every batch of a job is reported,
-        the job's sample-weighted mean loss is sent, in the background. Raises ReportError for
-        a report with no batch pending or after the phase ended."""
+        of samples) and named metrics (e.g. accuracy). seconds: the batch's own compute time,
+        which a cost-balanced step-mode run (schedule.batch_budget) fits its cost model from
+        (time the forward and backward, not the wait for the other ranks in the all-reduce:
+        a time that includes it makes every rank look as slow as the slowest). Once every
+        batch of a job is reported, the job's sample-weighted mean loss is sent, in the
+        background. Raises ReportError for a report with no batch pending or after the phase
+        ended."""
         if self._closed:
             raise ReportError(f"{self._name()} has ended: this report comes after the next "
                               "phase started (or the run was closed), so it cannot be counted")
@@ -142,6 +149,12 @@ class Phase:
         if weight < 0:
             raise ReportError(f"{self._name()}: samples must be >= 0, got {weight}")
         loss = float(loss)
+        if seconds is not None:
+            seconds = float(seconds)
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ReportError(f"{self._name()}: seconds must be a finite number >= 0, got "
+                                  f"{seconds}")
+            pending.seconds += seconds
         pending.reported += 1
         self.reported += 1
         pending.loss += loss * weight
@@ -175,6 +188,8 @@ def _result(p: _Pending) -> dict[str, Any]:
     result: dict[str, Any] = {"loss": mean if math.isfinite(mean) else None, "samples": n}
     if p.metrics:
         result["metrics"] = {k: (v / n if n else v) for k, v in p.metrics.items()}
+    if p.seconds > 0:
+        result["seconds"] = p.seconds
     return result
 
 
@@ -225,7 +240,7 @@ class Phases:
     for the other ranks' shares.
     """
 
-    def __init__(self, run: Run, batch_size: int, sizes: Mapping[str, int], *,
+    def __init__(self, run: Run, batch_size: int | None, sizes: Mapping[str, int], *,
                  shuffle: str = "epoch", seed: int | None = None, prefetch: int = 4,
                  on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None,
                  group: str | None = None, cut_timeout: float = 600.0) -> None:
@@ -235,10 +250,19 @@ class Phases:
             raise ValueError(f"prefetch must be at least 1 (batches), got {prefetch}")
         self.run, self.batch_size = run, batch_size
         status = run.status()
-        _check_sizes(run.run, status["config"], batch_size, sizes)
-        seed = status["config"]["seed"] if seed is None else seed
-        self._orders = {name: SampleOrder(n, batch_size, seed, name, shuffle)
-                        for name, n in sizes.items()}
+        # Cost-balanced step mode: the coordinator plans every batch (no batch_size).
+        self.cost_balanced = status["config"].get("batch_budget") is not None
+        if self.cost_balanced:
+            _check_samples(run.run, status["config"], batch_size, sizes)
+            self._orders: dict[str, SampleOrder | None] = {name: None for name in sizes}
+        else:
+            if batch_size is None:
+                raise ValueError(f"batch_size is needed: run {run.run} has batches of a fixed "
+                                 "size (None is for schedule.batch_budget)")
+            _check_sizes(run.run, status["config"], batch_size, sizes)
+            seed = status["config"]["seed"] if seed is None else seed
+            self._orders = {name: SampleOrder(n, batch_size, seed, name, shuffle)
+                            for name, n in sizes.items()}
         self._on_epoch_end = on_epoch_end
         self.cut_timeout = cut_timeout
         self._iterating = False
@@ -374,8 +398,13 @@ class Phases:
         return EpochSampler(self, set_name)
 
     def samples_of(self, set_name: str, epoch: int, batch: int) -> list[int]:
-        """The sample indices of batch `batch` of epoch `epoch` of a set."""
-        return self._orders[set_name].batch(epoch, batch)
+        """The sample indices of batch `batch` of epoch `epoch` of a set (not in cost-balanced
+        step mode, whose batches the coordinator plans as it goes)."""
+        order = self._orders[set_name]
+        if order is None:
+            raise ValueError("a cost-balanced run's batches are planned by the coordinator: "
+                             "they come with each job (job.samples)")
+        return order.batch(epoch, batch)
 
     def _prepare(self, job: Job) -> None:  # on the feed's thread, ahead of the loader
         try:
@@ -525,6 +554,25 @@ def _rank_and_world_size() -> tuple[int, int]:
     if dist is not None:
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _check_samples(run: str, config: Mapping[str, Any], batch_size: int | None,
+                   sizes: Mapping[str, int]) -> None:
+    """Cost-balanced step mode: no batch size; each set's size must be the run's."""
+    if batch_size is not None:
+        raise ValueError(f"run {run} plans cost-balanced batches (schedule.batch_budget = "
+                         f"{config['batch_budget']}): give batch_size=None")
+    for name, n in sizes.items():
+        if name not in ("train", "dev"):
+            raise ValueError(f"sizes has set {name!r}; sets are \"train\" and \"dev\"")
+        known = config.get(f"{name}_samples", 0)
+        if known != n:
+            raise ValueError(f"sizes[{name!r}] = {n} but run {run} has data.{name}_samples = "
+                             f"{known}")
+    for name in ("train", "dev"):
+        if config.get(f"{name}_samples") and name not in sizes:
+            raise ValueError(f"run {run} has {config[f'{name}_samples']} {name} samples: give "
+                             f"sizes[{name!r}]")
 
 
 def _check_sizes(run: str, config: Mapping[str, Any], batch_size: int,

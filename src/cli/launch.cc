@@ -480,7 +480,7 @@ std::optional<int> host_coordinator(const LaunchArgs& args, const sigset_t& sign
     auto run = h.engine.create_run(*config);
     if (!run) return fail(run.error().message);
     if (h.store) {
-      h.store->add_run(h.run_name, "toml", text.str(), h.clock.now());
+      h.store->add_run(h.run_name, "toml", durable_config_text(text.str(), *config), h.clock.now());
       if (auto r = h.store->commit(h.engine); !r) return fail(r.error().message);
     }
   }

@@ -310,7 +310,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
               return;
             }
             if (options.auth) (void)options.auth->worker_token(file.config.name);
-            journal.add_run(file.config.name, "toml", file.text, c.clock().now());
+            journal.add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
+                            c.clock().now());
             leadership.lead(file.config.name, 0);
           });
         }
@@ -559,7 +560,10 @@ int serve(const ServeArgs& args) {
     }
     auto run = engine.create_run(file.config);
     if (!run) return fail(file.path + ": " + run.error().message);
-    if (store) store->add_run(file.config.name, "toml", file.text, clock.now());
+    if (store) {
+      store->add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
+                     clock.now());
+    }
   }
   if (store) {
     if (auto r = store->commit(engine); !r) return fail(r.error().message);

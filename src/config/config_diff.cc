@@ -13,6 +13,9 @@ bool same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)
 bool same(const std::optional<double>& a, const std::optional<double>& b) {
   return a.has_value() == b.has_value() && (!a || same(*a, *b));
 }
+bool same(const BatchCost& a, const BatchCost& b) {
+  return same(a.a, b.a) && same(a.b, b.b) && same(a.c, b.c);
+}
 template <typename T>
 bool same(const T& a, const T& b) {
   return a == b;
@@ -62,6 +65,12 @@ constexpr std::array kFields = {
     TC_FIELD("schedule.seed_compat", seed_compat, kFixed),
     TC_FIELD("schedule.overlap_epochs", overlap_epochs, kFixed),
     TC_FIELD("schedule.mode", mode, kFixed),
+    TC_FIELD("schedule.batch_budget", batch_budget, kFixed),
+    TC_FIELD("schedule.cost", cost, kFixed),
+    TC_FIELD("data.train_lengths", train_lengths, kFixed),
+    TC_FIELD("data.dev_lengths", dev_lengths, kFixed),
+    TC_FIELD("lengths.train_xxh3", train_lengths_xxh64, kFixed),
+    TC_FIELD("lengths.dev_xxh3", dev_lengths_xxh64, kFixed),
     TC_FIELD("leases.timeout", lease_timeout_ms, kChangeable),
     TC_FIELD("leases.max_attempts", max_attempts, kChangeable),
     TC_FIELD("leases.on_job_failure", on_job_failure, kChangeable),
@@ -83,9 +92,9 @@ constexpr std::array kFields = {
 };
 #undef TC_FIELD
 
-// RunConfig: 20 fields listed, plus `name` (never compared) and `early_stop` (listed by its
+// RunConfig: 26 fields listed, plus `name` (never compared) and `early_stop` (listed by its
 // parts: its `kind` as early_stop.rule, and every member of `window` and `patience`).
-static_assert(member_count<RunConfig>() == 23,
+static_assert(member_count<RunConfig>() == 29,
               "RunConfig gained or lost a field: list it in kFields (and update this count)");
 static_assert(member_count<EarlyStopConfig>() == 3,
               "EarlyStopConfig gained or lost a field: list it in kFields");
@@ -93,7 +102,7 @@ static_assert(member_count<WindowRuleConfig>() == 3,
               "WindowRuleConfig gained or lost a field: list it in kFields");
 static_assert(member_count<PatienceRuleConfig>() == 8,
               "PatienceRuleConfig gained or lost a field: list it in kFields");
-static_assert(kFields.size() == (23 - 2) + 1 + 3 + 8, "kFields must list every field once");
+static_assert(kFields.size() == (29 - 2) + 1 + 3 + 8, "kFields must list every field once");
 
 }  // namespace
 

@@ -2,13 +2,17 @@
 
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include <toml++/toml.h>
+
+#include "core/step_plan.h"
 
 namespace traincoord {
 
@@ -135,6 +139,9 @@ constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxCount = int64_t{1} << 50;
 
 Result<void> read_data(TableReader& t, RunConfig* c) {
+  std::string train_lengths, dev_lengths;  // (read by read_lengths)
+  TC_TRY(t.string("train_lengths", &train_lengths));
+  TC_TRY(t.string("dev_lengths", &dev_lengths));
   int64_t train_batches = -1, dev_batches = -1, train_samples = -1, dev_samples = -1;
   int64_t batch_size = 0;
   TC_TRY(t.integer("train_batches", 1, kMaxCount, &train_batches));
@@ -154,6 +161,19 @@ Result<void> read_data(TableReader& t, RunConfig* c) {
   }
   if (dev_batches >= 0 && dev_samples >= 0) {
     return t.bad("dev_samples", "give dev_batches or dev_samples, not both");
+  }
+  if (c->batch_budget > 0 && batch_size == 0) {  // cost-balanced: batches are planned per epoch
+    if (train_batches >= 0 || dev_batches >= 0) {
+      return t.bad(train_batches >= 0 ? "train_batches" : "dev_batches",
+                   "cost-balanced step mode (schedule.batch_budget) counts samples: give "
+                   "train_samples and dev_samples instead");
+    }
+    c->train_samples = static_cast<uint64_t>(std::max<int64_t>(0, train_samples));
+    c->dev_samples = static_cast<uint64_t>(std::max<int64_t>(0, dev_samples));
+    c->train_batches = c->train_samples;  // at most one batch per sample; laid out per epoch
+    c->dev_batches = c->dev_samples;
+    if (train_samples < 0) return t.bad("train_samples", "missing: give the set's size");
+    return {};
   }
   if ((train_samples >= 0 || dev_samples >= 0) && batch_size == 0) {
     return t.bad("batch_size",
@@ -183,6 +203,14 @@ Result<void> read_schedule(TableReader& t, RunConfig* c) {
   TC_TRY(t.boolean("seed_compat", &c->seed_compat));
   TC_TRY(t.boolean("overlap_epochs", &c->overlap_epochs));
   TC_TRY(t.choice("mode", kScheduleModeNames, &c->mode));
+  if (t.has("batch_budget")) {
+    c->batch_budget = 0;
+    TC_TRY(t.number("batch_budget", &c->batch_budget));
+    if (c->batch_budget <= 0) return t.bad("batch_budget", "must be a number above 0");
+  }
+  TC_TRY(t.number("cost_a", &c->cost.a));
+  TC_TRY(t.number("cost_b", &c->cost.b));
+  TC_TRY(t.number("cost_c", &c->cost.c));
   return t.no_unknown_keys();
 }
 
@@ -224,10 +252,81 @@ Result<void> read_early_stop(TableReader& t, RunConfig* c) {
   return t.no_unknown_keys();
 }
 
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The lengths of one set: inline ([lengths] SET = [...], with its checksum SET_xxh3: what the
+// server stores with the run), else from the file data.SET_lengths names (a path relative to
+// the config file's folder; files are read only from config files, `base` not null).
+Result<void> read_set_lengths(const toml::table& root, TableReader& lengths, std::string_view set,
+                              const std::filesystem::path* base, std::string_view source,
+                              std::vector<double>* out, uint64_t* checksum) {
+  const std::string key(set), sum_key = key + "_xxh3", file_key = key + "_lengths";
+  const bool has_inline = lengths.has(key);
+  const bool has_sum = lengths.has(sum_key);
+  if (has_inline) {
+    const toml::array* array = root["lengths"][key].as_array();
+    if (!array) return lengths.bad(key, "must be an array of lengths (numbers >= 0)");
+    out->reserve(array->size());
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& v = *array->get(i);
+      if (!v.is_number()) {
+        return lengths.bad(key, "element " + std::to_string(i) + " is not a number");
+      }
+      out->push_back(v.value<double>().value());
+    }
+    *checksum = lengths_checksum(*out);
+    if (has_sum) {
+      std::string given;
+      TC_TRY(lengths.string(sum_key, &given));
+      if (given != hex(*checksum)) {
+        return lengths.bad(sum_key, "the lengths' checksum is " + hex(*checksum) + ", not " +
+                                        given + ": the stored lengths are damaged");
+      }
+    }
+    return {};
+  }
+  if (has_sum) return lengths.bad(sum_key, "a checksum without lengths." + key);
+  auto file = root["data"][file_key].value<std::string>();
+  if (!file) return {};
+  const std::string field = "data." + file_key;
+  if (!base) {
+    return invalid_argument(field, std::string(source) + ": " + field +
+                                       ": a lengths file is read only from a config file; "
+                                       "give the lengths inline as lengths." +
+                                       key + " = [...]");
+  }
+  const std::filesystem::path path =
+      base->empty() ? std::filesystem::path(*file) : (*base / std::filesystem::path(*file));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return invalid_argument(field, std::string(source) + ": " + field + ": cannot read " +
+                                       path.string() + " (one length per line)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto parsed = parse_lengths(text.str(), path.string());
+  if (!parsed) {
+    Error e = parsed.error();
+    e.field = field;
+    e.message = std::string(source) + ": " + field + ": " + e.message;
+    return tl::unexpected(e);
+  }
+  *out = std::move(*parsed);
+  *checksum = lengths_checksum(*out);
+  return {};
+}
+
 }  // namespace
 
-Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_view source) {
+Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_view source,
+                                         const std::filesystem::path* base) {
   RunConfig c;
+  // (data's sizes are read knowing whether batches are cost-balanced)
+  if (root["schedule"]["batch_budget"]) c.batch_budget = 1;
   TableReader top(&root, "", source);
   TC_TRY(top.string("name", &c.name));
   struct Section {
@@ -248,6 +347,17 @@ Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_vi
     TableReader reader(table, s.name, source);
     TC_TRY(s.read(reader, &c));
   }
+  {
+    const bool present = top.has("lengths");
+    const toml::table* table = present ? root["lengths"].as_table() : nullptr;
+    if (present && !table) return top.bad("lengths", "must be a table ([lengths])");
+    TableReader lengths(table, "lengths", source);
+    TC_TRY(read_set_lengths(root, lengths, "train", base, source, &c.train_lengths,
+                            &c.train_lengths_xxh64));
+    TC_TRY(
+        read_set_lengths(root, lengths, "dev", base, source, &c.dev_lengths, &c.dev_lengths_xxh64));
+    TC_TRY(lengths.no_unknown_keys());
+  }
   TC_TRY(top.no_unknown_keys());
   if (auto ok = validate(c); !ok) {
     Error e = ok.error();
@@ -267,7 +377,35 @@ Result<RunConfig> parse_run_config(std::string_view text, std::string_view sourc
         << e.description();
     return invalid_argument("", msg.str());
   }
-  return parse_run_config_table(root, source);
+  const std::filesystem::path base = std::filesystem::path(source).parent_path();
+  return parse_run_config_table(root, source, &base);
+}
+
+std::string durable_config_text(std::string_view toml, const RunConfig& config) {
+  std::string out(toml);
+  if (config.train_lengths.empty() && config.dev_lengths.empty()) return out;
+  try {
+    if (toml::parse(toml)["lengths"]) return out;  // inline already
+  } catch (const toml::parse_error&) {
+    return out;  // (it parsed before; never reached)
+  }
+  out +=
+      "\n# Written by traincoord when the run was created: the lengths the files named in\n"
+      "# [data] held then, with their checksum (docs/CONFIG.md, \"Cost-balanced steps\").\n"
+      "[lengths]\n";
+  for (auto [name, lengths, sum] :
+       {std::tuple{"train", &config.train_lengths, config.train_lengths_xxh64},
+        std::tuple{"dev", &config.dev_lengths, config.dev_lengths_xxh64}}) {
+    if (lengths->empty()) continue;
+    out += std::string(name) + " = [";
+    char buf[40];
+    for (size_t i = 0; i < lengths->size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%s%.17g", i == 0 ? "" : ", ", (*lengths)[i]);
+      out += buf;
+    }
+    out += "]\n" + std::string(name) + "_xxh3 = \"" + hex(sum) + "\"\n";
+  }
+  return out;
 }
 
 Result<RunConfig> load_run_config(const std::string& path) {

@@ -18,6 +18,16 @@ Result<RunConfig> parse_run_config(std::string_view toml, std::string_view sourc
 // POST /v1/runs). Integers must be JSON integers.
 Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view source);
 
+// A file's lengths (data.train_lengths / data.dev_lengths: paths relative to the folder of
+// `source`) are read when it is parsed; the JSON form reads no file (give lengths.train =
+// [...] inline).
+
+// The config text to store with a run so that it needs no file again (a restart, a standby):
+// `toml` with the lengths read from files appended as a [lengths] table with their checksums
+// (lengths.train_xxh3, checked when the text is parsed again). `toml` itself when it has no
+// lengths from files. REQUIRES: parse_run_config(toml) gave `config`.
+std::string durable_config_text(std::string_view toml, const RunConfig& config);
+
 // Reads the file at `path` and parses it.
 Result<RunConfig> load_run_config(const std::string& path);
 

@@ -1,5 +1,6 @@
 // Run configs sent as JSON (POST /v1/runs): converted to the TOML tree, then read by the same
 // code as a file, so both forms accept and refuse exactly the same things.
+#include <filesystem>
 #include <string>
 
 #include <rapidjson/document.h>
@@ -12,7 +13,8 @@
 
 namespace traincoord {
 
-Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_view source);
+Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_view source,
+                                         const std::filesystem::path* base);
 
 namespace {
 
@@ -38,6 +40,14 @@ Result<void> insert(const rapidjson::Value& v, const std::string& key, const std
     toml::table sub;
     if (auto r = convert(v, path, depth + 1, &sub); !r) return r;
     out->insert(key, std::move(sub));
+  } else if (v.IsArray() && path.rfind("lengths.", 0) == 0) {  // [lengths]: arrays of numbers
+    toml::array array;
+    array.reserve(v.Size());
+    for (const rapidjson::Value& item : v.GetArray()) {
+      if (!item.IsNumber()) return invalid_argument(path, path + ": lengths must be numbers");
+      array.push_back(item.GetDouble());
+    }
+    out->insert(key, std::move(array));
   } else {
     return invalid_argument(path, path + ": null and arrays are not config values");
   }
@@ -79,7 +89,7 @@ Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view 
   }
   toml::table root;
   if (auto r = convert(doc, "", 0, &root); !r) return tl::unexpected(r.error());
-  return parse_run_config_table(root, source);
+  return parse_run_config_table(root, source, nullptr);  // no file is read
 }
 
 }  // namespace traincoord

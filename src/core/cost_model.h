@@ -78,6 +78,7 @@ class CostModel {
   double predict(uint32_t rank, const BatchShape& shape) const;
 
  private:
+  friend class RunCodec;  // core/run_codec.cc saves and restores the sums exactly
   using Vec = std::array<double, 3>;
   using Mat = std::array<Vec, 3>;
   struct RankSums {

@@ -176,6 +176,7 @@ void Run::close_epoch(uint32_t slot) {
   // (sized for the jobs in flight), or a week-long run would hold them for every epoch.
   std::unordered_map<uint64_t, Epoch::ActiveJob>().swap(e.active);
   std::deque<uint64_t>().swap(e.requeue);
+  e.cost_plan.reset();  // (O(samples); rebuilt if asked for)
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.6g", e.loss);
   emit(EventKind::kEpochClosed, std::string(set_name(e.plan.set)) + " epoch " +
@@ -390,6 +391,19 @@ Job Run::job_of(LeaseId id) const {
   out.set = e.plan.set;
   out.index = l.position;
   out.jobs_in_epoch = e.plan.end_job;
+  if (e.steps() && config_.cost_balanced()) {
+    const StepPlan& plan = cost_plan(e);
+    const uint64_t slot = l.position - e.step_base;
+    out.step_mode = true;
+    out.rank = static_cast<uint32_t>(slot % e.ranks);
+    out.step = slot / e.ranks;
+    out.steps = plan.steps.size();
+    const RankBatch& batch = plan.steps[out.step].batches[out.rank];
+    out.loss_scale = batch.loss_scale;
+    out.positions = BatchSpan{0, 1};
+    out.samples = batch.samples;
+    return out;
+  }
   if (e.steps()) {
     const StepLayout layout = layout_of(e);
     const uint64_t slot = l.position - e.step_base;
@@ -427,8 +441,127 @@ StepLayout Run::layout_of(const Epoch& e) const {
   return StepLayout(EpochSegment(e.segment).places(), config_.batch_size, e.ranks);
 }
 
+const std::vector<double>& Run::lengths_of(SetKind set) const {
+  return set == SetKind::kTrain ? config_.train_lengths : config_.dev_lengths;
+}
+
+StepPlanConfig Run::step_config(const Epoch& e) const {
+  StepPlanConfig c;
+  c.ranks = e.ranks;
+  c.seed = config_.seed;
+  c.set = e.plan.set;
+  c.batch_budget = config_.batch_budget;
+  c.cost = e.plan_cost;
+  c.speeds = e.plan_speeds;
+  return c;
+}
+
+const StepPlan& Run::cost_plan(const Epoch& e) const {
+  TC_ASSERT(config_.cost_balanced() && e.steps());
+  if (!e.cost_plan) {
+    const uint64_t n = set_samples(e.plan.set);
+    const std::vector<double>& lengths = lengths_of(e.plan.set);
+    const StepPlanConfig c = step_config(e);
+    if (e.segment.size() == 1 && e.segment[0].first == 0 && e.segment[0].count == n) {
+      e.cost_plan = std::make_shared<const StepPlan>(plan_epoch_steps(c, n, lengths, e.plan.epoch));
+    } else {
+      std::vector<uint64_t> untrained;
+      for (const PositionRun& run : e.segment) {
+        for (uint64_t i = run.first; i < run.first + run.count; ++i) untrained.push_back(i);
+      }
+      e.cost_plan = std::make_shared<const StepPlan>(
+          plan_rest_of_epoch(c, n, lengths, e.plan.epoch, untrained));
+    }
+  }
+  return *e.cost_plan;
+}
+
+uint64_t Run::steps_of(const Epoch& e) const {
+  return config_.cost_balanced() ? cost_plan(e).steps.size() : layout_of(e).steps();
+}
+
+void Run::step_batch(const Epoch& e, uint64_t step, uint32_t rank,
+                     std::vector<uint64_t>* out) const {
+  const std::vector<uint64_t>& samples = cost_plan(e).steps[step].batches[rank].samples;
+  out->insert(out->end(), samples.begin(), samples.end());
+}
+
+// The planner's cost is the fitted model's shape in the budget's units: scaled so that a batch
+// of the set's mean length, as many samples as the declared cost fits in the budget, costs the
+// same under both. The budget thus keeps its meaning (a batch of average samples stays the
+// size the user asked for) while the fitted model decides how long and short batches, and
+// slower ranks, compare with it.
+void Run::freeze_cost(Epoch& e) const {
+  e.plan_cost = config_.cost;
+  e.plan_speeds.clear();
+  if (!cost_model_ || cost_model_->ranks() != e.ranks || !cost_model_->fitted()) return;
+  const BatchCost fit = cost_model_->shared();
+  if (!(fit.b + fit.c > 0)) return;  // only a per-batch overhead: no budget bounds a batch
+  const std::vector<double>& lengths = lengths_of(e.plan.set);
+  if (lengths.empty()) return;
+  double mean = 0;
+  for (double v : lengths) mean += v;
+  mean /= static_cast<double>(lengths.size());
+  const BatchCost& d = config_.cost;
+  const double per_sample = d.b * mean + d.c * mean * mean;
+  const double n = per_sample > 0 ? std::max(1.0, (config_.batch_budget - d.a) / per_sample) : 1;
+  const double declared = d.a + n * per_sample;
+  const double fitted = fit.a + n * (fit.b * mean + fit.c * mean * mean);
+  const double k = declared / fitted;
+  if (!std::isfinite(k) || k <= 0) return;
+  const std::vector<double> speeds = cost_model_->speeds();
+  for (double v : speeds) {
+    if (!std::isfinite(v) || v <= 0) return;
+  }
+  e.plan_cost = BatchCost{fit.a * k, fit.b * k, fit.c * k};
+  e.plan_speeds = speeds;
+}
+
+void Run::report_batch_time(const Epoch& e, uint64_t position, double seconds) {
+  if (!config_.cost_balanced() || !e.steps() || !(seconds > 0) || !std::isfinite(seconds)) return;
+  // Train batches only: an evaluation batch (no backward) takes a fraction of a train batch's
+  // time, and one model fitted from both would fit neither.
+  if (e.plan.set != SetKind::kTrain) return;
+  if (position < e.step_base) return;  // (a job of an earlier layout)
+  const uint64_t slot = position - e.step_base;
+  const uint32_t rank = static_cast<uint32_t>(slot % e.ranks);
+  const RankBatch& batch = cost_plan(e).steps[slot / e.ranks].batches[rank];
+  if (!cost_model_ || cost_model_->ranks() != e.ranks) cost_model_.emplace(e.ranks);
+  (void)cost_model_->report(rank, batch.shape(), seconds);
+}
+
 void Run::lay_out(Epoch& e, uint32_t ranks) {
   TC_ASSERT(e.leased == 0 && ranks > 0);
+  if (config_.cost_balanced()) {
+    if (!e.steps()) {
+      e.segment.clear();
+      if (const uint64_t n = set_samples(e.plan.set); n > 0) e.segment.push_back({0, n});
+    } else {
+      // What the plan before left, as sample indices: the batches given back (every active
+      // job is queued again: no lease lives) and the steps it never handed out.
+      TC_ASSERT(e.active.size() == e.requeue.size());
+      std::vector<uint64_t> samples;
+      for (uint64_t job : e.requeue) {
+        const uint64_t slot = job - e.step_base;
+        step_batch(e, slot / e.ranks, static_cast<uint32_t>(slot % e.ranks), &samples);
+      }
+      const uint64_t steps = steps_of(e);
+      for (uint64_t step = (e.cursor - e.step_base) / e.ranks; step < steps; ++step) {
+        for (uint32_t r = 0; r < e.ranks; ++r) step_batch(e, step, r, &samples);
+      }
+      e.segment = EpochSegment::runs_of(std::move(samples));
+      e.active.clear();
+      e.requeue.clear();
+      e.trained.clear();
+    }
+    e.ranks = ranks;
+    freeze_cost(e);
+    e.cost_plan.reset();
+    e.step_base = e.plan.first_job + e.resolved();
+    e.cursor = e.step_base;
+    e.plan.end_job = e.step_base + steps_of(e) * ranks;
+    return;
+  }
   if (!e.steps()) {
     e.segment.clear();
     if (const uint64_t n = set_samples(e.plan.set); n > 0) e.segment.push_back({0, n});
@@ -692,6 +825,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   }
   e.active.erase(job);
   e.trained.erase(position);
+  report_batch_time(e, position, completion.seconds);
   count_completion(e, completion);
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;

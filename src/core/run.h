@@ -15,6 +15,7 @@
 
 #include "core/batch_order.h"
 #include "core/clock.h"
+#include "core/cost_model.h"
 #include "core/cut_ledger.h"
 #include "core/early_stop.h"
 #include "core/error.h"
@@ -289,6 +290,14 @@ class Run {
   void batches_of(const Job& job, std::vector<uint64_t>* out) const;
 
   const std::vector<Epoch>& epochs() const { return epochs_; }
+  // Cost-balanced step mode: the cost model fitted from the batch times the ranks reported
+  // (Completion::seconds), for the world size of the latest reports (a report at another world
+  // size starts a new model); null before any report. The next epoch laid out is planned with
+  // it once fitted (its cost and speeds frozen into the epoch).
+  const CostModel* cost_model() const { return cost_model_ ? &*cost_model_ : nullptr; }
+  // The steps of a cost-balanced step-mode epoch. REQUIRES: e is one of epochs() (or of a
+  // cut's), laid out (e.steps()), and the run is cost-balanced.
+  const StepPlan& cost_plan(const Epoch& e) const;
   const std::vector<WorkerInfo>& workers() const { return workers_; }
   const EarlyStopRule& early_stop() const { return early_stop_; }
   const RunCounters& counters() const { return counters_; }
@@ -330,6 +339,16 @@ class Run {
   // (its jobs given back, and its steps never handed out). REQUIRES: no live lease in it.
   void lay_out(Epoch& e, uint32_t ranks);
   StepLayout layout_of(const Epoch& e) const;
+  // The number of steps of a laid-out epoch, either kind of step mode.
+  uint64_t steps_of(const Epoch& e) const;
+  // Appends the sample indices of rank `rank`'s batch of step `step` of a laid-out epoch.
+  void step_batch(const Epoch& e, uint64_t step, uint32_t rank, std::vector<uint64_t>* out) const;
+  // Cost-balanced: freezes the cost and speeds the epoch is (re)planned with, from the cost
+  // model now; and the planner's config of an epoch.
+  void freeze_cost(Epoch& e) const;
+  StepPlanConfig step_config(const Epoch& e) const;
+  const std::vector<double>& lengths_of(SetKind set) const;
+  void report_batch_time(const Epoch& e, uint64_t position, double seconds);
   uint64_t set_samples(SetKind set) const;
   uint32_t ranks_of_group(std::string_view group, std::string_view except = {}) const;
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
@@ -387,6 +406,7 @@ class Run {
   std::string restored_;                 // what group_ restored: "cut N", "fresh", or ""
   uint32_t group_ranks_ = 0;             // step mode: the world size of group_ (0: unknown)
   CutLedger cuts_;                       // complete cuts, and the pending ones of group_
+  std::optional<CostModel> cost_model_;  // cost-balanced step mode (cost_model())
   Rendezvous rendezvous_;
 
  public:

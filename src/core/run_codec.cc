@@ -19,15 +19,21 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // layout taken from the nodes present, and its nodes without a secret). 7: the group each worker
 // registered with (which fences its requests; before 7 every worker reads as ungrouped). 8: step
 // mode: each epoch's layout (ranks, step base, segment), each worker's rank and world size, the
-// current group's world size (before 8 every epoch reads as a job-mode one).
-constexpr uint32_t kFormat = 8;
+// current group's world size (before 8 every epoch reads as a job-mode one). 9: cost-balanced
+// step mode: each epoch's frozen cost and speeds (the run's, then each cut's), the run's cost
+// model (before 9: every epoch as planned with the declared cost, no model).
+constexpr uint32_t kFormat = 9;
 constexpr uint32_t kOldestFormat = 2;
 
 // What a step-mode epoch's layout must be (empty: nothing wrong), checked before anything
 // builds a layout of it (which asserts).
-std::string step_layout_inconsistency(const RunConfig& config, const Epoch& e) {
-  if (e.ranks == 0) return e.segment.empty() ? "" : " has a segment but no layout";
-  if (config.mode != ScheduleMode::kSteps || config.batch_size == 0) {
+std::string step_layout_inconsistency(const Run& run, const Epoch& e) {
+  const RunConfig& config = run.config();
+  if (e.ranks == 0) {
+    if (!e.plan_speeds.empty()) return " has speeds but no layout";
+    return e.segment.empty() ? "" : " has a segment but no layout";
+  }
+  if (config.mode != ScheduleMode::kSteps || (config.batch_size == 0 && !config.cost_balanced())) {
     return " is laid out in steps, but the run hands out jobs";
   }
   if (e.ranks > (1u << 20)) return " is laid out for more than 2^20 ranks";
@@ -45,6 +51,26 @@ std::string step_layout_inconsistency(const RunConfig& config, const Epoch& e) {
       (e.cursor - e.step_base) % e.ranks != 0) {
     return " has its step base or cursor off its steps";
   }
+  if (config.cost_balanced()) {
+    // What the plan is built from must be a plan's config before it is built (it asserts).
+    StepPlanConfig c;
+    c.ranks = e.ranks;
+    c.batch_budget = config.batch_budget;
+    c.cost = e.plan_cost;
+    c.speeds = e.plan_speeds;
+    const std::vector<double>& lengths =
+        e.plan.set == SetKind::kTrain ? config.train_lengths : config.dev_lengths;
+    if (auto ok = check_step_config(c, lengths.size(), lengths); !ok) {
+      return " has a frozen cost model no plan takes (" + ok.error().message + ")";
+    }
+    // (A closed epoch's plan is not rebuilt to be checked: it is never used again, and a
+    // snapshot of a long run would otherwise plan every epoch it ever had.)
+    if (!e.closed() && e.plan.end_job - e.step_base != run.cost_plan(e).steps.size() * e.ranks) {
+      return " has another number of jobs than its cost-balanced steps";
+    }
+    return "";
+  }
+  if (!e.plan_speeds.empty()) return " has speeds, but its batches are of a fixed size";
   const StepLayout layout(EpochSegment(e.segment).places(), config.batch_size, e.ranks);
   if (e.plan.end_job - e.step_base != layout.steps() * e.ranks) {
     return " has another number of jobs than its steps";
@@ -429,7 +455,7 @@ std::string RunCodec::inconsistency(const Run& run) {
     if (e.cursor < e.plan.first_job || e.cursor > e.plan.end_job) {
       return epoch + " has its cursor outside its jobs";
     }
-    if (std::string broken = step_layout_inconsistency(run.config_, e); !broken.empty()) {
+    if (std::string broken = step_layout_inconsistency(run, e); !broken.empty()) {
       return epoch + broken;
     }
     for (uint64_t position : e.requeue) {
@@ -641,6 +667,33 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   };
   save_layouts(run.epochs_);
   for (const Cut& cut : run.cuts_.cuts_) save_layouts(cut.saved.epochs);
+  // (9) The cost and speeds each epoch's plan was frozen with, as layouts above.
+  auto save_frozen = [&](const std::vector<Epoch>& epochs) {
+    for (const Epoch& e : epochs) {
+      w.f64(e.plan_cost.a);
+      w.f64(e.plan_cost.b);
+      w.f64(e.plan_cost.c);
+      w.u64(e.plan_speeds.size());
+      for (double v : e.plan_speeds) w.f64(v);
+    }
+  };
+  save_frozen(run.epochs_);
+  for (const Cut& cut : run.cuts_.cuts_) save_frozen(cut.saved.epochs);
+  // (9) The cost model: its sums, exactly (the next fit depends on every bit of them).
+  const CostModel* model = run.cost_model_ ? &*run.cost_model_ : nullptr;
+  w.u64(model ? model->ranks() : 0);
+  if (model) {
+    for (const CostModel::RankSums& rs : model->ranks_) {
+      for (const auto& row : rs.xx) {
+        for (double v : row) w.f64(v);
+      }
+      for (double v : rs.xy) w.f64(v);
+      w.u64(rs.count);
+    }
+    w.u64(model->reports_);
+    for (double v : model->reference_theta_) w.f64(v);
+    for (double v : model->reference_speed_) w.f64(v);
+  }
   return w.take();
 }
 
@@ -843,10 +896,49 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
       }
     };
     load_layouts(run->epochs_);
+    for (Cut& cut : run->cuts_.cuts_) load_layouts(cut.saved.epochs);
+  }
+  if (format >= 9) {
+    auto load_frozen = [&](std::vector<Epoch>& epochs) {
+      for (Epoch& e : epochs) {
+        e.plan_cost.a = r.f64();
+        e.plan_cost.b = r.f64();
+        e.plan_cost.c = r.f64();
+        for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) e.plan_speeds.push_back(r.f64());
+      }
+    };
+    load_frozen(run->epochs_);
+    for (Cut& cut : run->cuts_.cuts_) load_frozen(cut.saved.epochs);
+    const uint64_t ranks = r.u64();
+    if (ranks > (1u << 20)) return corrupt("a cost model of more than 2^20 ranks");
+    if (ranks > 0 && r.ok()) {
+      CostModel& model = run->cost_model_.emplace(static_cast<uint32_t>(ranks));
+      for (CostModel::RankSums& rs : model.ranks_) {
+        for (auto& row : rs.xx) {
+          for (double& v : row) v = r.f64();
+        }
+        for (double& v : rs.xy) v = r.f64();
+        rs.count = r.u64();
+      }
+      model.reports_ = r.u64();
+      for (double& v : model.reference_theta_) v = r.f64();
+      for (double& v : model.reference_speed_) v = r.f64();
+      uint64_t counted = 0;
+      for (const CostModel::RankSums& rs : model.ranks_) counted += rs.count;
+      if (r.ok() && counted != model.reports_) {
+        return corrupt("inconsistent: the cost model's reports disagree with its ranks' counts");
+      }
+    }
+  } else if (run->config_.cost_balanced()) {
+    for (Epoch& e : run->epochs_) e.plan_cost = run->config_.cost;
     for (Cut& cut : run->cuts_.cuts_) {
-      load_layouts(cut.saved.epochs);
+      for (Epoch& e : cut.saved.epochs) e.plan_cost = run->config_.cost;
+    }
+  }
+  if (format >= 8 && r.ok()) {
+    for (Cut& cut : run->cuts_.cuts_) {
       for (const Epoch& e : cut.saved.epochs) {
-        if (std::string broken = step_layout_inconsistency(run->config_, e); !broken.empty()) {
+        if (std::string broken = step_layout_inconsistency(*run, e); !broken.empty()) {
           return corrupt("inconsistent: an epoch of cut " + std::to_string(cut.id) + broken);
         }
       }

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/plan.h"
+#include "core/step_plan.h"
 #include "core/user_text.h"
 
 namespace traincoord {
@@ -125,12 +126,63 @@ Result<void> validate(const RunConfig& c) {
       !r)
     return r;
 
-  if (c.mode == ScheduleMode::kSteps) {
-    const char* why = "schedule.mode = \"steps\" hands out one batch per rank per step";
-    if (auto r = require(c.batch_size >= 1, "data.batch_size",
-                         std::string(why) + ": give the batch size (samples per batch)");
+  if (auto r =
+          require(c.batch_budget == 0 || c.mode == ScheduleMode::kSteps, "schedule.batch_budget",
+                  "cost-balanced batches are planned in steps: set schedule.mode = \"steps\"");
+      !r)
+    return r;
+  if (auto r = require((c.train_lengths.empty() && c.dev_lengths.empty()) || c.cost_balanced(),
+                       "data.train_lengths",
+                       "lengths are used by cost-balanced step mode only: set "
+                       "schedule.batch_budget (and schedule.mode = \"steps\")");
+      !r)
+    return r;
+  if (c.cost_balanced()) {
+    if (auto r = require(c.batch_size == 0, "data.batch_size",
+                         "give data.batch_size (fixed batches) or schedule.batch_budget "
+                         "(cost-balanced batches), not both");
         !r)
       return r;
+    for (auto [samples, batches, lengths, field] :
+         {std::tuple{c.train_samples, c.train_batches, &c.train_lengths, "data.train_lengths"},
+          std::tuple{c.dev_samples, c.dev_batches, &c.dev_lengths, "data.dev_lengths"}}) {
+      if (samples == 0 && batches == 0 && lengths->empty()) continue;
+      if (auto r = require(samples >= 1 && batches == samples, field,
+                           "cost-balanced step mode needs the set's size in samples");
+          !r)
+        return r;
+      if (auto r =
+              require(lengths->size() == samples, field,
+                      std::to_string(lengths->size()) + " lengths for " + std::to_string(samples) +
+                          " samples: give one length per sample of the set");
+          !r)
+        return r;
+      StepPlanConfig step;
+      step.batch_budget = c.batch_budget;
+      step.cost = c.cost;
+      if (auto r = check_step_config(step, samples, *lengths); !r) {
+        Error e = r.error();
+        if (e.field == "lengths") {
+          e.field = field;
+        } else {
+          e.field = e.field == "cost" ? "schedule.cost_b" : "schedule." + e.field;
+        }
+        const size_t colon = e.message.find(": ");
+        e.message =
+            e.field + ": " + (colon == std::string::npos ? e.message : e.message.substr(colon + 2));
+        return tl::unexpected(e);
+      }
+    }
+  } else if (c.mode == ScheduleMode::kSteps) {
+    if (auto r = require(c.batch_size >= 1, "data.batch_size",
+                         "schedule.mode = \"steps\" hands out one batch per rank per step: give "
+                         "the batch size (samples per batch), or schedule.batch_budget for "
+                         "cost-balanced batches");
+        !r)
+      return r;
+  }
+  if (c.mode == ScheduleMode::kSteps) {
+    const char* why = "schedule.mode = \"steps\" hands out one batch per rank per step";
     for (auto [samples, batches, field] :
          {std::tuple{c.train_samples, c.train_batches, "data.train_samples"},
           std::tuple{c.dev_samples, c.dev_batches, "data.dev_samples"}}) {
@@ -139,6 +191,7 @@ Result<void> validate(const RunConfig& c) {
               require(samples >= 1, field, std::string(why) + ": give the set's size in samples");
           !r)
         return r;
+      if (c.cost_balanced()) continue;  // (checked above)
       if (auto r = require((samples + c.batch_size - 1) / c.batch_size == batches, field,
                            std::to_string(samples) + " samples in batches of " +
                                std::to_string(c.batch_size) + " make " +

@@ -6,7 +6,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "core/cost_model.h"
 #include "core/enum_names.h"
 #include "core/error.h"
 
@@ -103,6 +105,20 @@ struct RunConfig {
   // and the default semantics (no seed_compat, no overlap, no start_step: a step-mode run
   // resumes from its cuts).
   ScheduleMode mode = ScheduleMode::kJobs;
+  // Cost-balanced step mode (schedule.batch_budget > 0, instead of data.batch_size): each
+  // sample has a length (data.train_lengths / data.dev_lengths: one per sample of the set,
+  // kept with the run's config, [lengths] in the stored text), and a batch's padded cost under
+  // `cost` (schedule.cost_a/b/c; default a 0, b 1, c 0: the padded length n·L, max_tokens-style)
+  // stays within `batch_budget` (core/step_plan.h). The cost model fitted from the batch times
+  // the ranks report reshapes the batches of the epochs planned after it is fitted
+  // (docs/SEMANTICS.md, "Cost-balanced step mode").
+  double batch_budget = 0;
+  BatchCost cost{0, 1, 0};
+  std::vector<double> train_lengths;
+  std::vector<double> dev_lengths;
+  uint64_t train_lengths_xxh64 = 0;  // the checksum of each (the config layer computes them)
+  uint64_t dev_lengths_xxh64 = 0;
+  bool cost_balanced() const { return mode == ScheduleMode::kSteps && batch_budget > 0; }
 
   int64_t lease_timeout_ms = 60'000;
   int max_attempts = 3;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +37,9 @@ struct Completion {
   double loss = 0;       // may be non-finite: then counted and reported, never averaged in
   uint64_t samples = 0;  // the weight of the loss in the epoch's mean
   std::vector<Metric> metrics;
+  // The batch's time in seconds (0: not reported). Cost-balanced step mode fits its cost model
+  // from these (core/cost_model.h); other runs ignore it.
+  double seconds = 0;
 };
 
 // One epoch of one set, as opened by the run.
@@ -107,6 +111,15 @@ struct Epoch {
   uint64_t step_base = 0;
   std::vector<PositionRun> segment;
   bool steps() const { return ranks > 0; }
+  // Cost-balanced step mode (RunConfig::cost_balanced): `segment` holds sample indices (the
+  // samples the layout covers) rather than positions, and the steps are plan_epoch_steps's (or
+  // plan_rest_of_epoch's, for a segment short of the whole set) with the cost and speeds below,
+  // frozen when the epoch was laid out: the run's fitted cost model then (rescaled to the
+  // budget's units), or the declared cost and every rank alike. The plan is a pure function of
+  // them, the segment and the config; `cost_plan` caches it (never saved; rebuilt on demand).
+  BatchCost plan_cost{0, 0, 0};
+  std::vector<double> plan_speeds;  // one per rank, or empty: every rank alike
+  mutable std::shared_ptr<const StepPlan> cost_plan;
 };
 
 // The part of a run's state a cut saves and a restore puts back: what was trained (epochs and

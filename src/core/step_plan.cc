@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <sstream>
 #include <string>
+
+#include <xxhash.h>
 
 #include "core/sample_order.h"
 
@@ -57,13 +61,15 @@ std::vector<double> normalised_speeds(const StepPlanConfig& config) {
 // one; when none has, the last step's samples join the step before (each to its smallest batch)
 // and the last step is gone. Leaves empty batches only when the plan is one step.
 void even_out_tail(std::vector<Step>* steps) {
-  while (steps->size() > 1) {
+  while (!steps->empty()) {
     Step& last = steps->back();
     auto empty = std::find_if(last.batches.begin(), last.batches.end(),
                               [](const RankBatch& b) { return b.samples.empty(); });
     if (empty == last.batches.end()) return;
+    // The latest step with a batch of two or more, the last step itself first (a cost-balanced
+    // last step may deal all it has to some ranks and none to another).
     RankBatch* donor = nullptr;
-    for (size_t k = steps->size() - 1; k-- > 0 && donor == nullptr;) {
+    for (size_t k = steps->size(); k-- > 0 && donor == nullptr;) {
       for (RankBatch& b : (*steps)[k].batches) {
         if (b.samples.size() >= 2 &&
             (donor == nullptr || b.samples.size() > donor->samples.size())) {
@@ -76,6 +82,7 @@ void even_out_tail(std::vector<Step>* steps) {
       donor->samples.pop_back();
       continue;
     }
+    if (steps->size() == 1) return;  // fewer samples than ranks: empty batches stay
     Step& before = (*steps)[steps->size() - 2];
     for (const RankBatch& b : last.batches) {
       for (uint64_t s : b.samples) {
@@ -404,6 +411,45 @@ Result<void> check_step_config(const StepPlanConfig& c, uint64_t samples,
                                         "nothing and no budget bounds a batch)");
   }
   return {};
+}
+
+Result<std::vector<double>> parse_lengths(std::string_view text, std::string_view source) {
+  std::vector<double> lengths;
+  std::istringstream in{std::string(text)};
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::string word, extra;
+    if (!(fields >> word)) continue;
+    char* end = nullptr;
+    const double v = std::strtod(word.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(v) || v < 0 || (fields >> extra)) {
+      return invalid_argument("lengths", std::string(source) + ":" + std::to_string(number) +
+                                             ": expected one length (a number >= 0), got '" + line +
+                                             "'");
+    }
+    lengths.push_back(v);
+  }
+  if (lengths.empty()) {
+    return invalid_argument("lengths", std::string(source) + ": no lengths in the file");
+  }
+  return lengths;
+}
+
+std::string lengths_text(std::span<const double> lengths) {
+  std::string text;
+  char buf[40];
+  for (double v : lengths) {
+    const int n = std::snprintf(buf, sizeof buf, "%.17g\n", v);
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+uint64_t lengths_checksum(std::span<const double> lengths) {
+  const std::string text = lengths_text(lengths);
+  return XXH3_64bits(text.data(), text.size());
 }
 
 StepPlan plan_epoch_steps(const StepPlanConfig& config, uint64_t samples,

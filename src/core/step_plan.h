@@ -40,7 +40,8 @@
 //   take near-equal predicted time, and a rank twice as slow gets about half the samples. What
 //   the step does not take stays first in its bucket. A sample that costs more than its rank's
 //   budget alone is a batch of its own. When the last step cannot give every rank a sample, the
-//   ranks short of one take one each from the latest step with a batch of two or more; when no
+//   ranks short of one take one each from the latest step with a batch of two or more (the
+//   last step itself first: it may have dealt all it had to some ranks); when no
 //   step has one, the last step's samples join the step before it, over budget.
 //
 // Memory and time: a plan holds every sample index of the epoch (O(samples)); a cost-balanced
@@ -50,6 +51,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/cost_model.h"
@@ -101,11 +103,13 @@ struct RankBatch {
   double longest = 0;             // the longest length (cost-balanced mode; 0 otherwise)
   double predicted = 0;           // speed × padded cost (cost-balanced mode; 0 otherwise)
   BatchShape shape() const { return {samples.size(), longest}; }
+  bool operator==(const RankBatch&) const = default;
 };
 
 struct Step {
   std::vector<RankBatch> batches;  // one per rank
   uint64_t samples() const;
+  bool operator==(const Step&) const = default;
 };
 
 struct StepPlan {
@@ -114,6 +118,7 @@ struct StepPlan {
   std::vector<Step> steps;
   size_t buckets = 0;  // cost-balanced mode: the buckets the lengths were fitted to
   uint64_t samples() const;
+  bool operator==(const StepPlan&) const = default;
 };
 
 // Checks a config against the set: ranks >= 1 and at most 2^20; fixed mode needs nothing more;
@@ -122,6 +127,16 @@ struct StepPlan {
 // kInvalidArgument naming the field (ranks, batch_size, batch_budget, cost, speeds, lengths).
 Result<void> check_step_config(const StepPlanConfig& config, uint64_t samples,
                                std::span<const double> lengths);
+
+// Parses one length per line (a finite number >= 0; '#' starts a comment), naming the line of
+// the first bad one (field "lengths"). `source` names the text in messages (a file path).
+Result<std::vector<double>> parse_lengths(std::string_view text, std::string_view source);
+
+// The lengths as text, one per line, each printed exactly ("%.17g": parse_lengths reads back
+// the same doubles); and the XXH3 64-bit hash of that text: the checksum a run keeps with its
+// lengths (the same on every machine).
+std::string lengths_text(std::span<const double> lengths);
+uint64_t lengths_checksum(std::span<const double> lengths);
 
 // The steps of epoch `epoch` of a set of `samples` samples (`lengths[i]` the length of sample i;
 // empty in fixed mode). REQUIRES: check_step_config passed.

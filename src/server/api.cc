@@ -187,6 +187,15 @@ Result<Completion> read_completion(Fields& body) {
   auto samples = body.uint("samples", uint64_t{0});
   if (!samples) return tl::unexpected(samples.error());
   c.samples = *samples;
+  // The batch's time (step mode: what the cost model is fitted from; ignored otherwise).
+  if (const rapidjson::Value* seconds = body.get("seconds")) {
+    if (!seconds->IsNumber() || !std::isfinite(seconds->GetDouble()) || seconds->GetDouble() < 0 ||
+        seconds->GetDouble() > 1e9) {
+      return invalid_argument("seconds",
+                              "seconds (the batch's time) must be a number from 0 to 1e9");
+    }
+    c.seconds = seconds->GetDouble();
+  }
   if (const rapidjson::Value* m = body.get("metrics")) {
     if (!m->IsObject()) return invalid_argument("metrics", "metrics must be an object of numbers");
     if (m->MemberCount() > kMaxMetrics) {
@@ -1288,7 +1297,7 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
     std::vector<LeaseCompletion> items;
     const bool listed = r.body->has("completions");
     if (listed) {
-      for (const char* single : {"lease", "loss", "samples", "metrics"}) {
+      for (const char* single : {"lease", "loss", "samples", "metrics", "seconds"}) {
         if (r.body->has(single)) {
           return error_reply(400, "invalid_argument",
                              std::string(single) +

@@ -1,6 +1,8 @@
 #include "server/status_view.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <tuple>
 
 #include "server/wall_time.h"
 
@@ -29,6 +31,41 @@ void write_config(JsonWriter& j, const RunConfig& c) {
   j.field("on_job_failure", job_failure_policy_name(c.on_job_failure));
   j.field("keep_cuts", c.keep_cuts);
   j.field("early_stop", early_stop_kind_name(c.early_stop.kind));
+  if (c.cost_balanced()) {  // cost-balanced step mode
+    j.field("batch_budget", c.batch_budget);
+    j.key("cost").begin_object();
+    j.field("a", c.cost.a).field("b", c.cost.b).field("c", c.cost.c);
+    j.end_object();
+    char sum[17];
+    j.key("lengths").begin_object();
+    for (auto [name, lengths, checksum] :
+         {std::tuple{"train", &c.train_lengths, c.train_lengths_xxh64},
+          std::tuple{"dev", &c.dev_lengths, c.dev_lengths_xxh64}}) {
+      if (lengths->empty()) continue;
+      std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(checksum));
+      j.key(name).begin_object().field("count", static_cast<uint64_t>(lengths->size()));
+      j.field("xxh3", sum).end_object();
+    }
+    j.end_object();
+  }
+  j.end_object();
+}
+
+void write_cost_model(JsonWriter& j, const CostModel* model) {
+  if (!model) {
+    j.null();
+    return;
+  }
+  j.begin_object();
+  j.field("ranks", static_cast<uint64_t>(model->ranks()));
+  j.field("reports", model->reports());
+  j.field("fitted", model->fitted());
+  const BatchCost cost = model->shared();
+  j.field("model", cost.describe());
+  j.field("a", cost.a).field("b", cost.b).field("c", cost.c);
+  j.key("speeds").begin_array();
+  for (double v : model->speeds()) j.value(v);
+  j.end_array();
   j.end_object();
 }
 
@@ -66,6 +103,15 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms)
   if (e.steps()) {  // step mode: the layout of the epoch's jobs (since step_base) in steps
     j.field("ranks", static_cast<uint64_t>(e.ranks));
     j.field("steps", (e.plan.end_job - e.step_base) / e.ranks);
+    if (e.plan_cost.b + e.plan_cost.c > 0) {  // cost-balanced: what its steps were planned with
+      j.key("planned_with").begin_object();
+      j.field("model", e.plan_cost.describe());
+      j.key("speeds").begin_array();
+      for (double v : e.plan_speeds) j.value(v);
+      j.end_array();
+      if (e.cost_plan) j.field("buckets", static_cast<uint64_t>(e.cost_plan->buckets));
+      j.end_object();
+    }
   }
   j.key("loss");
   if (e.closed()) {
@@ -140,6 +186,11 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
     j.null();
   }
   j.end_object();
+
+  if (run.config().cost_balanced()) {
+    j.key("cost_model");  // fitted from the batch times the ranks report
+    write_cost_model(j, run.cost_model());
+  }
 
   j.key("current");
   const Epoch* current = nullptr;

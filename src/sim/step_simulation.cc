@@ -271,30 +271,6 @@ std::vector<double> synthetic_lengths(const SyntheticLengths& spec) {
   return lengths;
 }
 
-Result<std::vector<double>> parse_lengths(std::string_view text, std::string_view source) {
-  std::vector<double> lengths;
-  std::istringstream in{std::string(text)};
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
-    std::istringstream fields(line);
-    std::string word, extra;
-    if (!(fields >> word)) continue;
-    char* end = nullptr;
-    const double v = std::strtod(word.c_str(), &end);
-    if (*end != '\0' || !std::isfinite(v) || v < 0 || (fields >> extra)) {
-      return invalid_argument("lengths", std::string(source) + ":" + std::to_string(number) +
-                                             ": expected one length (a number >= 0), got '" + line +
-                                             "'");
-    }
-    lengths.push_back(v);
-  }
-  if (lengths.empty()) {
-    return invalid_argument("lengths", std::string(source) + ": no lengths in the file");
-  }
-  return lengths;
-}
-
 StepFigures figures_of(const StepPlan& plan, std::span<const double> lengths, const BatchCost& cost,
                        std::span<const double> slowdowns) {
   StepFigures f;

@@ -32,10 +32,6 @@ struct SyntheticLengths {
 };
 std::vector<double> synthetic_lengths(const SyntheticLengths& spec);
 
-// Parses one length per line (a finite number >= 0; '#' starts a comment), naming the line of
-// the first bad one.
-Result<std::vector<double>> parse_lengths(std::string_view text, std::string_view source);
-
 struct StepSimulationOptions {
   uint32_t ranks = 8;
   double batch_budget = 0;            // padded cost per batch at speed 1 (the true cost's units)
