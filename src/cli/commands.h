@@ -35,31 +35,6 @@ inline constexpr int kInterrupted = 130;
 // for it: kRunNotFound for run_not_found, else kFailed.
 int report_client_error(const client::ClientError& e, const std::string& url);
 
-}  // namespace traincoord::cli
-
-#include "core/engine.h"
-#include "core/run_config.h"
-#include "server/server_clock.h"
-
-namespace traincoord {
-class Store;
-}
-
-namespace traincoord::cli {
-
-// A run config file as read: its path, text and parsed config.
-struct ConfigFile {
-  std::string path;
-  std::string text;
-  RunConfig config;
-};
-std::string join(const std::vector<std::string>& items);
-// A config file for a run the store already holds (serve, launch): the same config resumes it;
-// a changed one is refused naming the fields, or applied when `apply` and the fields allow it.
-// Returns 0, or the exit status after saying why on stderr.
-int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
-              bool apply);
-
 // `simulate --steps`: a dry run of step mode (src/sim/step_simulation.h).
 struct StepSimulateArgs {
   bool enabled = false;

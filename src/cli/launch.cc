@@ -27,6 +27,7 @@
 #include <rapidjson/document.h>
 
 #include "cli/commands.h"
+#include "cli/host.h"
 #include "cli/launch_agent.h"
 #include "cli/terminal_text.h"
 #include "client/rendezvous.h"
@@ -394,28 +395,6 @@ std::string waiting_line(const std::string& url, const std::string& run, const s
          (max > min ? ":" + std::to_string(max) : "") + " (" + names_of(d["nodes"], true) + ")";
 }
 
-// The state of `launch --config` in `dir` (./RUN.traincoord by default, as `serve` with one
-// run), restored into `engine`: a launch of the same config after a crash or a Ctrl-C resumes
-// the run, and its checkpoints' cuts. Fails with a message naming the data dir.
-tl::expected<std::unique_ptr<Store>, std::string> open_state(const std::string& dir, Engine& engine,
-                                                             ServerClock& clock) {
-  StoreOptions so;
-  so.dir = dir;
-  auto opened = Store::open(so);
-  if (!opened) return tl::unexpected(opened.error().message);
-  std::unique_ptr<Store> store = std::move(*opened);
-  for (const std::string& notice : store->take_notices()) {
-    std::cerr << "traincoord: " << notice << "\n";
-  }
-  Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
-  auto report = restore_engine(*store, engine, replay, clock);
-  if (!report) return tl::unexpected(store->path() + ": " + report.error().message);
-  std::cerr << "traincoord launch: state in " << dir
-            << (report->runs > 0 ? " (the run resumes from it" : " (launch again to resume")
-            << "; --in-memory keeps none)\n";
-  return store;
-}
-
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "node";
@@ -437,6 +416,34 @@ struct Host {
 
 std::optional<int> serve_run(const LaunchArgs& args, const sigset_t& signals, Host& h);
 
+// The state of `launch --config`: the data dir (./RUN.traincoord by default, as `serve` with
+// one run), restored into `h`, so that a launch of the same config after a crash or a Ctrl-C
+// resumes the run and its checkpoints' cuts; or memory (--in-memory). Returns the exit status
+// of a failure.
+std::optional<int> open_launch_state(const LaunchArgs& args, Host& h) {
+  if (args.in_memory && !args.data_dir.empty()) {
+    return fail("--in-memory and --data-dir exclude each other");
+  }
+  auto choice = choose_state("", args.in_memory, args.data_dir, {h.run_name});
+  if (!choice) return fail(choice.error());
+  if (choice->kind == StateChoice::Kind::kMemory) {
+    h.clock.go_live(0);
+    std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
+                 "a checkpoint of an earlier launch cannot be restored here (its cut is not "
+                 "kept)\n";
+    return std::nullopt;
+  }
+  h.data_dir = choice->where;
+  StoreOptions so;
+  so.dir = h.data_dir;
+  auto report = open_data_dir(so, h.engine, h.clock, &h.store);
+  if (!report) return fail(report.error());
+  std::cerr << "traincoord launch: state in " << h.data_dir
+            << (report->runs > 0 ? " (the run resumes from it" : " (launch again to resume")
+            << "; --in-memory keeps none)\n";
+  return std::nullopt;
+}
+
 // The run of `--config` in `host`: restored from its data dir (or created), then served
 // (serve_run). Returns the exit status of a failure.
 std::optional<int> host_coordinator(const LaunchArgs& args, const sigset_t& signals, Host& h) {
@@ -447,42 +454,27 @@ std::optional<int> host_coordinator(const LaunchArgs& args, const sigset_t& sign
   auto config = parse_run_config(text.str(), args.config);
   if (!config) return fail(config.error().message);
   h.run_name = config->name;
-  if (args.in_memory && !args.data_dir.empty()) {
-    return fail("--in-memory and --data-dir exclude each other");
+  std::string listen_host;
+  uint16_t listen_port = 0;
+  if (!split_listen(args.listen, &listen_host, &listen_port)) {
+    return fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")");
   }
-  if (!args.in_memory) {
-    h.data_dir = !args.data_dir.empty() ? args.data_dir : h.run_name + ".traincoord";
-    auto opened = open_state(h.data_dir, h.engine, h.clock);
-    if (!opened) return fail(opened.error());
-    h.store = std::move(*opened);
-  } else {
-    h.clock.go_live(0);
-    std::cerr << "traincoord launch: state in memory (--in-memory): the run starts afresh, and "
-                 "a checkpoint of an earlier launch cannot be restored here (its cut is not "
-                 "kept)\n";
+  if (auto code = open_launch_state(args, h)) return *code;
+  // A data dir that holds the run already: the same config resumes it, a changed one is
+  // refused (or applied when asked and allowed), as `serve` does.
+  const bool resumed = h.engine.find(h.run_name).has_value();
+  const ConfigFile file{args.config, text.str(), *config};
+  if (const int code =
+          add_runs({file}, h.engine, h.store.get(), h.clock, args.apply_config_changes, fail);
+      code != 0) {
+    return code;
   }
-  if (auto existing = h.engine.find(h.run_name)) {
-    // A data dir that holds the run already: the same config resumes it, a changed one is
-    // refused (or applied when asked and allowed), as `serve` does.
-    const ConfigFile file{args.config, text.str(), *config};
-    if (const int code = reconcile(file, **existing, h.engine, h.store.get(), h.clock,
-                                   args.apply_config_changes);
-        code != 0) {
-      return code;
-    }
-    if ((*existing)->finished()) {
-      std::cerr << "traincoord launch: run " << h.run_name << " already ended ("
-                << run_state_name((*existing)->state()) << ", state in " << h.data_dir
-                << "): nothing left to train; to train it again, remove " << h.data_dir
-                << " or give --in-memory\n";
-    }
-  } else {
-    auto run = h.engine.create_run(*config);
-    if (!run) return fail(run.error().message);
-    if (h.store) {
-      h.store->add_run(h.run_name, "toml", durable_config_text(text.str(), *config), h.clock.now());
-      if (auto r = h.store->commit(h.engine); !r) return fail(r.error().message);
-    }
+  const Run& run = **h.engine.find(h.run_name);
+  if (resumed && run.finished()) {
+    std::cerr << "traincoord launch: run " << h.run_name << " already ended ("
+              << run_state_name(run.state()) << ", state in " << h.data_dir
+              << "): nothing left to train; to train it again, remove " << h.data_dir
+              << " or give --in-memory\n";
   }
   return serve_run(args, signals, h);
 }
@@ -506,16 +498,8 @@ std::optional<int> serve_run(const LaunchArgs& args, const sigset_t& signals, Ho
   }
   // The default port of `serve` when it is free, so that `traincoord status` and `runs` find
   // this coordinator without --url; else any free loopback port.
-  Result<uint16_t> port = tl::unexpected(Error{ErrorCode::kInvalidArgument, "", "", {}});
-  for (const std::string& listen : {args.listen, std::string("127.0.0.1:0")}) {
-    const size_t colon = listen.rfind(':');
-    options.host = listen.substr(0, colon);
-    options.port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
-    h.server.emplace(h.engine, h.clock, h.store.get(), options);
-    port = h.server->start();
-    if (port) break;
-    h.server.reset();
-  }
+  auto port = start_server(h.server, h.engine, h.clock, h.store.get(), options,
+                           {args.listen, "127.0.0.1:0"});
   if (!port) return fail(port.error().message);
   h.url = "http://127.0.0.1:" + std::to_string(*port);
   std::cerr << "traincoord launch: coordinator on " << h.url << ", run " << h.run_name << ", "

@@ -8,13 +8,13 @@
 #include <sstream>
 
 #include <pthread.h>
-#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/host.h"
 #include "config/config_diff.h"
 #include "config/config_file.h"
 #include "core/engine.h"
@@ -33,112 +33,12 @@ namespace traincoord::cli {
 
 namespace {
 
-bool split_listen(const std::string& listen, std::string* host, uint16_t* port) {
-  const auto colon = listen.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = listen.substr(0, colon);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  try {
-    const int p = std::stoi(listen.substr(colon + 1));
-    if (p < 0 || p > 65535) return false;
-    *port = static_cast<uint16_t>(p);
-  } catch (...) {
-    return false;
-  }
-  return !host->empty();
-}
-
 int fail(const std::string& message) {
   std::cerr << "traincoord: " << message << "\n";
   return exit_code::kUsage;
 }
 
 }  // namespace
-
-std::string join(const std::vector<std::string>& items) {
-  std::string s;
-  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
-  return s;
-}
-
-// A config file for a run the store already holds: the same config resumes it; a changed one
-// is refused, or applied when asked and allowed.
-int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, ServerClock& clock,
-              bool apply) {
-  auto fail = [](const std::string& message) {
-    std::cerr << "traincoord: " << message << "\n";
-    return exit_code::kUsage;
-  };
-  const std::vector<std::string> changed = config_differences(run.config(), file.config);
-  if (changed.empty()) return 0;
-  const std::string where = "run " + file.config.name + " (" + file.path + ")";
-  if (!apply) {
-    return fail(where +
-                " was started with a different config; these fields differ: " + join(changed) +
-                ". Give the run a new name to start afresh, or pass --apply-config-changes "
-                "(it may change leases.timeout, leases.max_attempts, leases.on_job_failure, "
-                "cuts.keep and early_stop.*)");
-  }
-  std::vector<std::string> fixed;
-  for (const std::string& f : changed) {
-    if (!changeable_in_a_started_run(f)) fixed.push_back(f);
-  }
-  if (!fixed.empty()) {
-    return fail(where + ": a started run cannot change " + join(fixed) +
-                " (they shape its plan); give the run a new name to start afresh");
-  }
-  auto updated = RunCodec::load(file.config, RunCodec::save(run), clock);
-  if (!updated) return fail(updated.error().message);
-  engine.adopt(std::move(*updated));
-  if (store) {
-    if (auto r =
-            store->replace_config(**engine.find(file.config.name), "toml", file.text, clock.now());
-        !r) {
-      return fail(r.error().message);
-    }
-  }
-  std::cout << "traincoord: applied the changed " << join(changed) << " to " << where << "\n";
-  return 0;
-}
-
-// The process's limits, for a server: a write past the file size limit (RLIMIT_FSIZE) fails
-// with EFBIG, which the journal takes as a full disk (503 disk_full, said on stderr), instead
-// of killing the process with SIGXFSZ and no word; the soft limit on descriptors (one per
-// connection) is raised to the hard one, and said when --max-connections exceeds it.
-// Returns the connections to hold at once: --max-connections when given (with a warning when
-// the descriptor limit cannot hold them), else the default, lowered quietly to what the limit
-// holds.
-static size_t prepare_limits(size_t max_connections, bool given) {
-  std::signal(SIGXFSZ, SIG_IGN);
-  rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return max_connections;
-  if (nofile.rlim_cur < nofile.rlim_max) {
-    rlimit raised = nofile;
-    raised.rlim_cur = nofile.rlim_max;
-    bool raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
-    if (!raised_ok && nofile.rlim_max == RLIM_INFINITY) {
-      raised.rlim_cur = rlim_t{1} << 20;  // (an unlimited hard limit: Linux's default nr_open)
-      raised_ok = setrlimit(RLIMIT_NOFILE, &raised) == 0;
-    }
-    if (raised_ok) nofile = raised;
-  }
-  // The journal, the tokens, the event loops and the listening socket take a few of them.
-  constexpr rlim_t kOwnDescriptors = 64;
-  if (nofile.rlim_cur == RLIM_INFINITY || max_connections + kOwnDescriptors <= nofile.rlim_cur) {
-    return max_connections;
-  }
-  const size_t room =
-      nofile.rlim_cur > 2 * kOwnDescriptors ? nofile.rlim_cur - kOwnDescriptors : kOwnDescriptors;
-  if (!given) return room;
-  std::cerr << "traincoord: --max-connections " << max_connections
-            << " exceeds what the file descriptor limit allows (" << nofile.rlim_cur
-            << ", ulimit -n; the hard limit is " << nofile.rlim_max << "): past about " << room
-            << " open connections, new ones wait until some close; raise the hard limit "
-               "(ulimit -Hn, systemd's LimitNOFILE=) or lower --max-connections\n";
-  return max_connections;
-}
 
 // High availability (docs/HA.md, "Leadership per run"): the runs' state in etcd, several
 // coordinators, each run led by one of them (journal/etcd_run_journal.h). One server serves all
@@ -196,9 +96,9 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   EtcdRunJournal journal(*etcd_options);
   ServerClock clock;
   Engine engine(clock);
-  clock.go_live(0);  // (moved on to the latest time in etcd once read: see below)
-  HttpServer server(engine, clock, &journal, options);
-  auto port = server.start();
+  clock.go_live(0);                  // (moved on to the latest time in etcd once read: see below)
+  std::optional<HttpServer> server;  // (the etcd journal is the state: host.h's seam)
+  auto port = start_server(server, engine, clock, &journal, options, {args.listen});
   if (!port) {
     std::cerr << "traincoord: " << port.error().message << "\n";
     return exit_code::kFailed;
@@ -242,7 +142,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
     return false;
   };
   if (!join_etcd()) {
-    server.stop();
+    server->stop();
     return rc;
   }
   auto renewed = std::chrono::steady_clock::now();
@@ -294,7 +194,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
       if (first) {
         first = false;
         // One time line for all coordinators: from the latest time written of any run.
-        server.post([latest](Coordinator& c) {
+        server->post([latest](Coordinator& c) {
           if (latest > c.clock().now()) c.clock().go_live(latest);
         });
         // The runs of the config files that exist nowhere yet: created here, led here.
@@ -302,7 +202,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           bool exists = false;
           for (const RunInEtcd& r : seen->runs) exists = exists || r.run == file.config.name;
           if (exists) continue;
-          server.post([&file, &leadership, &journal, &options](Coordinator& c) {
+          server->post([&file, &leadership, &journal, &options](Coordinator& c) {
             if (c.engine().find(file.config.name)) return;
             auto run = c.engine().create_run(file.config);
             if (!run) {
@@ -386,9 +286,9 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           continue;
         }
         const int64_t lease = election.lease();
-        server.post([&, name = r.run, term, lease, copy = std::move(*copy),
-                     bytes = std::move(bytes), config = std::move(*config), report,
-                     won_at](Coordinator& c) mutable {
+        server->post([&, name = r.run, term, lease, copy = std::move(*copy),
+                      bytes = std::move(bytes), config = std::move(*config), report,
+                      won_at](Coordinator& c) mutable {
           auto run = RunCodec::load(std::move(config), bytes, c.clock());
           if (!run) {
             std::cerr << "traincoord: cannot take run " << name << " over: " << run.error().message
@@ -425,18 +325,21 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
       if (std::find(led_now.begin(), led_now.end(), run) != led_now.end()) continue;
       journal.forget(run);
       election.resign(run);
-      server.post([run](Coordinator& c) { c.drop_parked(run); });
+      server->post([run](Coordinator& c) { c.drop_parked(run); });
       std::cout << "traincoord: no longer leading run " << run << std::endl;
     }
     led_before = led_now;
   }
-  server.stop();          // (when stopping: writes what was accepted first)
+  server->stop();         // (when stopping: writes what was accepted first)
   election.resign_all();  // the other coordinators need not wait out the TTL
   return rc;
 }
 
-int serve(const ServeArgs& args) {
-  const size_t max_connections = prepare_limits(args.max_connections, args.max_connections_given);
+namespace {
+
+// The run configs of --config and --runs, read and parsed (--runs: its *.toml, by name).
+// Returns them, or the exit status after saying which file failed.
+tl::expected<std::vector<ConfigFile>, int> read_config_files(const ServeArgs& args) {
   std::vector<std::string> paths = args.configs;
   if (!args.runs_dir.empty()) {
     std::error_code ec;
@@ -444,24 +347,31 @@ int serve(const ServeArgs& args) {
     for (const auto& entry : std::filesystem::directory_iterator(args.runs_dir, ec)) {
       if (entry.path().extension() == ".toml") found.push_back(entry.path().string());
     }
-    if (ec) return fail("cannot read --runs " + args.runs_dir + ": " + ec.message());
+    if (ec)
+      return tl::unexpected(fail("cannot read --runs " + args.runs_dir + ": " + ec.message()));
     std::sort(found.begin(), found.end());
     paths.insert(paths.end(), found.begin(), found.end());
   }
   std::vector<ConfigFile> files;
   for (const std::string& path : paths) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) return fail("cannot read run config " + path);
+    if (!in) return tl::unexpected(fail("cannot read run config " + path));
     std::ostringstream text;
     text << in.rdbuf();
     auto config = parse_run_config(text.str(), path);
-    if (!config) return fail(config.error().message);
+    if (!config) return tl::unexpected(fail(config.error().message));
     files.push_back({path, text.str(), std::move(*config)});
   }
+  return files;
+}
 
+// The server's options from the flags: where it listens, its limits, TLS. Returns them, or the
+// exit status after saying which flag is wrong (plain HTTP off loopback included).
+tl::expected<ServerOptions, int> server_options(const ServeArgs& args, size_t max_connections) {
   ServerOptions options;
   if (!split_listen(args.listen, &options.host, &options.port)) {
-    return fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")");
+    return tl::unexpected(
+        fail("--listen must be HOST:PORT, e.g. 127.0.0.1:8470 (got " + args.listen + ")"));
   }
   options.io_threads = args.io_threads;
   options.max_connections = max_connections;
@@ -471,125 +381,103 @@ int serve(const ServeArgs& args) {
   options.limits.max_runs = args.max_runs;
   options.limits.max_workers_per_run = args.max_workers_per_run;
   options.tls = TlsOptions{args.tls_cert, args.tls_key, args.tls_client_ca};
-  const bool loopback =
-      options.host == "localhost" || options.host == "::1" || options.host.rfind("127.", 0) == 0;
   if (options.tls.enabled() && args.tls_key.empty()) {
-    return fail("--tls-cert needs --tls-key (the certificate's private key)");
+    return tl::unexpected(fail("--tls-cert needs --tls-key (the certificate's private key)"));
   }
   if (!options.tls.enabled() && (!args.tls_key.empty() || !args.tls_client_ca.empty())) {
-    return fail(std::string(!args.tls_key.empty() ? "--tls-key" : "--tls-client-ca") +
-                " needs --tls-cert (the server's certificate)");
+    return tl::unexpected(
+        fail(std::string(!args.tls_key.empty() ? "--tls-key" : "--tls-client-ca") +
+             " needs --tls-cert (the server's certificate)"));
   }
   // Tokens and losses would cross the network in the clear: off loopback, TLS unless told.
-  if (!loopback && !options.tls.enabled() && !args.allow_plain_http) {
-    return fail("--listen " + args.listen +
-                " is not a loopback address: serve HTTPS with --tls-cert and --tls-key "
-                "(docs/SECURITY.md), or pass --allow-plain-http behind a TLS proxy or on a "
-                "trusted network");
+  if (!is_loopback(options.host) && !options.tls.enabled() && !args.allow_plain_http) {
+    return tl::unexpected(
+        fail("--listen " + args.listen +
+             " is not a loopback address: serve HTTPS with --tls-cert and --tls-key "
+             "(docs/SECURITY.md), or pass --allow-plain-http behind a TLS proxy or on a "
+             "trusted network"));
   }
+  return options;
+}
 
-  if (!args.journal.empty()) {
-    if (args.in_memory || !args.data_dir.empty()) {
-      return fail(std::string(args.in_memory ? "--in-memory" : "--data-dir") +
-                  " and --journal exclude each other (the state is in etcd)");
-    }
-    std::optional<Auth> auth;
-    if (args.auth || !loopback) {
-      const std::string dir = !args.token_dir.empty() ? args.token_dir : "traincoord-tokens";
-      auto opened = Auth::open(dir);
-      if (!opened) return fail(opened.error().message);
-      auth = std::move(*opened);
-      options.auth = &*auth;
-      std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
-                << " (every coordinator of the runs needs the same token dir)\n";
-    }
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    return serve_ha(args, files, options, signals);
-  }
-  if (!args.advertise_url.empty()) return fail("--advertise-url needs --journal etcd://...");
-  if (!args.etcd_cacert.empty() || !args.etcd_cert.empty() || !args.etcd_key.empty()) {
-    return fail(std::string(!args.etcd_cacert.empty() ? "--etcd-cacert"
-                            : !args.etcd_cert.empty() ? "--etcd-cert"
-                                                      : "--etcd-key") +
-                " needs --journal etcds://...");
-  }
+// SIGINT and SIGTERM, blocked: taken by one thread alone (sigwait), so blocked before any other
+// thread starts.
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
 
-  ServerClock clock;
-  Engine engine(clock);
-  std::unique_ptr<Store> store;
-  if (!args.in_memory) {
-    StoreOptions so;
-    so.dir = !args.data_dir.empty() ? args.data_dir
-             : files.size() == 1    ? files[0].config.name + ".traincoord"
-                                    : "traincoord-data";
-    so.durability = args.durability == "os" ? Durability::kOs : Durability::kFsync;
-    so.snapshot_every = args.snapshot_every;
-    so.min_free_bytes = args.min_free_disk_mib << 20;
-    auto opened = Store::open(so);
-    if (!opened) return fail(opened.error().message);
-    store = std::move(*opened);
-    for (const std::string& notice : store->take_notices()) {
-      std::cerr << "traincoord: " << notice << "\n";
-    }
-    Api replay(engine, clock, ApiLimits::none());  // what was accepted, whatever the limits now
-    auto report = restore_engine(*store, engine, replay, clock);
-    if (!report) return fail(store->path() + ": " + report.error().message);
-    std::cout << "traincoord: state in " << store->path() << " (durability "
-              << (so.durability == Durability::kFsync ? "fsync" : "os") << ")";
-    if (report->runs > 0) {
-      std::cout << "; restored " << report->runs << " runs, replayed " << report->records
-                << " log records in " << report->seconds << " s";
-    }
-    std::cout << "\n";
-  } else {
-    clock.go_live(0);
-  }
-
-  for (const ConfigFile& file : files) {
-    if (auto existing = engine.find(file.config.name)) {
-      if (int rc =
-              reconcile(file, **existing, engine, store.get(), clock, args.apply_config_changes);
-          rc != 0) {
-        return rc;
-      }
-      continue;
-    }
-    auto run = engine.create_run(file.config);
-    if (!run) return fail(file.path + ": " + run.error().message);
-    if (store) {
-      store->add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
-                     clock.now());
-    }
-  }
-  if (store) {
-    if (auto r = store->commit(engine); !r) return fail(r.error().message);
-  }
-
-  // Tokens: always off loopback; on loopback when asked (--auth).
+// --journal etcd://: the tokens (one token dir for every coordinator), then serve_ha.
+int serve_etcd(const ServeArgs& args, const std::vector<ConfigFile>& files, ServerOptions options) {
   std::optional<Auth> auth;
-  if (args.auth || !loopback) {
-    const std::string dir = !args.token_dir.empty() ? args.token_dir
-                            : store ? std::filesystem::path(store->path()).parent_path().string()
-                                    : std::string("traincoord-tokens");
+  if (args.auth || !is_loopback(options.host)) {
+    const std::string dir = !args.token_dir.empty() ? args.token_dir : "traincoord-tokens";
     auto opened = Auth::open(dir);
     if (!opened) return fail(opened.error().message);
     auth = std::move(*opened);
-    for (const Run* run : engine.runs()) {
-      if (auto t = auth->worker_token(run->config().name); !t) return fail(t.error().message);
-    }
     options.auth = &*auth;
     std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
-              << ", each run's worker token in " << dir << "/runs/RUN.token (mode 0600)\n";
-    for (const std::string& notice : auth->take_notices()) {
-      std::cout << "traincoord: " << notice << "\n";
-    }
+              << " (every coordinator of the runs needs the same token dir)\n";
   }
+  return serve_ha(args, files, options, block_stop_signals());
+}
 
-  // Said before start(): from then on only the server's engine thread touches the engine.
+// The state of a single coordinator: the data dir's store (restored into `engine`; said on
+// stdout), or memory. Returns the exit status of a failure.
+std::optional<int> open_serve_state(const ServeArgs& args, const StateChoice& choice,
+                                    Engine& engine, ServerClock& clock,
+                                    std::unique_ptr<Store>* store) {
+  if (choice.kind == StateChoice::Kind::kMemory) {
+    clock.go_live(0);
+    return std::nullopt;
+  }
+  StoreOptions so;
+  so.dir = choice.where;
+  so.durability = args.durability == "os" ? Durability::kOs : Durability::kFsync;
+  so.snapshot_every = args.snapshot_every;
+  so.min_free_bytes = args.min_free_disk_mib << 20;
+  auto report = open_data_dir(so, engine, clock, store);
+  if (!report) return fail(report.error());
+  std::cout << "traincoord: state in " << (*store)->path() << " (durability "
+            << (so.durability == Durability::kFsync ? "fsync" : "os") << ")";
+  if (report->runs > 0) {
+    std::cout << "; restored " << report->runs << " runs, replayed " << report->records
+              << " log records in " << report->seconds << " s";
+  }
+  std::cout << "\n";
+  return std::nullopt;
+}
+
+// Tokens: always off loopback; on loopback when asked (--auth); kept in --token-dir, else the
+// data dir, else ./traincoord-tokens. Returns the exit status of a failure.
+std::optional<int> open_tokens(const ServeArgs& args, const Engine& engine, const Store* store,
+                               std::optional<Auth>& auth, ServerOptions& options) {
+  if (!args.auth && is_loopback(options.host)) return std::nullopt;
+  const std::string dir = !args.token_dir.empty() ? args.token_dir
+                          : store ? std::filesystem::path(store->path()).parent_path().string()
+                                  : std::string("traincoord-tokens");
+  auto opened = Auth::open(dir);
+  if (!opened) return fail(opened.error().message);
+  auth = std::move(*opened);
+  for (const Run* run : engine.runs()) {
+    if (auto t = auth->worker_token(run->config().name); !t) return fail(t.error().message);
+  }
+  options.auth = &*auth;
+  std::cout << "traincoord: tokens required: admin token in " << auth->admin_token_path()
+            << ", each run's worker token in " << dir << "/runs/RUN.token (mode 0600)\n";
+  for (const std::string& notice : auth->take_notices()) {
+    std::cout << "traincoord: " << notice << "\n";
+  }
+  return std::nullopt;
+}
+
+// Says the runs served; before start(): from then on only the server's engine thread touches
+// the engine.
+void say_runs(const Engine& engine) {
   for (const Run* run : engine.runs()) {
     std::cout << "traincoord: serving run " << run->config().name << " ("
               << run_state_name(run->state()) << ", " << run->plan().train_jobs_per_epoch
@@ -599,17 +487,15 @@ int serve(const ServeArgs& args) {
   if (engine.runs().empty()) {
     std::cout << "traincoord: no runs yet; create one with POST /v1/runs (docs/API.md)\n";
   }
+}
 
-  // SIGINT and SIGTERM are taken by this thread alone (sigwait), so block them before any
-  // other thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  HttpServer server(engine, clock, store.get(), options);
-  auto port = server.start();
+// Serves until SIGINT or SIGTERM: the server started, its address said. Returns the exit
+// status.
+int serve_until_stopped(Engine& engine, ServerClock& clock, Store* store,
+                        const ServerOptions& options, const std::string& listen) {
+  const sigset_t signals = block_stop_signals();
+  std::optional<HttpServer> server;
+  auto port = start_server(server, engine, clock, store, options, {listen});
   if (!port) {
     std::cerr << "traincoord: " << port.error().message << "\n";
     return exit_code::kFailed;
@@ -625,13 +511,46 @@ int serve(const ServeArgs& args) {
   }
   std::cout << "traincoord: listening on " << (options.tls.enabled() ? "https" : "http") << "://"
             << host << ":" << *port << std::endl;
-
   int sig = 0;
   sigwait(&signals, &sig);
   std::cout << "traincoord: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping\n";
   std::cout.flush();
-  server.stop();
+  server->stop();
   return 0;
+}
+
+}  // namespace
+
+int serve(const ServeArgs& args) {
+  const size_t max_connections = prepare_limits(args.max_connections, args.max_connections_given);
+  auto files = read_config_files(args);
+  if (!files) return files.error();
+  auto options = server_options(args, max_connections);
+  if (!options) return options.error();
+  std::vector<std::string> names;
+  for (const ConfigFile& file : *files) names.push_back(file.config.name);
+  auto choice = choose_state(args.journal, args.in_memory, args.data_dir, names);
+  if (!choice) return fail(choice.error());
+  if (choice->kind == StateChoice::Kind::kEtcd) return serve_etcd(args, *files, *options);
+  if (!args.advertise_url.empty()) return fail("--advertise-url needs --journal etcd://...");
+  if (!args.etcd_cacert.empty() || !args.etcd_cert.empty() || !args.etcd_key.empty()) {
+    return fail(std::string(!args.etcd_cacert.empty() ? "--etcd-cacert"
+                            : !args.etcd_cert.empty() ? "--etcd-cert"
+                                                      : "--etcd-key") +
+                " needs --journal etcds://...");
+  }
+  ServerClock clock;
+  Engine engine(clock);
+  std::unique_ptr<Store> store;
+  if (auto code = open_serve_state(args, *choice, engine, clock, &store)) return *code;
+  if (const int rc = add_runs(*files, engine, store.get(), clock, args.apply_config_changes, fail);
+      rc != 0) {
+    return rc;
+  }
+  std::optional<Auth> auth;
+  if (auto code = open_tokens(args, engine, store.get(), auth, *options)) return *code;
+  say_runs(engine);
+  return serve_until_stopped(engine, clock, store.get(), *options, args.listen);
 }
 
 }  // namespace traincoord::cli
