@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include "config/config_diff.h"
+#include "config/config_file.h"
 #include "core/run_codec.h"
 
 namespace traincoord::cli {
