@@ -187,6 +187,10 @@ struct Completion {
   double loss = 0;  // NaN or infinity are allowed: counted and reported, never averaged in
   uint64_t samples = 0;
   std::vector<std::pair<std::string, double>> metrics;
+  // The batch's own compute time in seconds (0 … 1e9; not the wait in the step's all-reduce):
+  // a cost-balanced step-mode run fits its cost model per rank from it (docs/CONFIG.md,
+  // "Cost-balanced steps"); other runs ignore it. Unset: not sent.
+  std::optional<double> seconds;
 };
 
 // How a completion was taken: "accepted" (counted), "duplicate", "superseded", "given_up",

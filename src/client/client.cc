@@ -883,6 +883,7 @@ std::string Worker::completion_body(const Job& job, const Completion& c, bool ne
   JsonWriter j;
   wire::begin_request(j, id_.load(), options_.group).field("lease", job.lease);
   j.field("loss", c.loss).field("samples", c.samples);
+  if (c.seconds) j.field("seconds", *c.seconds);
   if (!c.metrics.empty()) {
     j.key("metrics").begin_object();
     for (const auto& [name, value] : c.metrics) j.field(name, value);

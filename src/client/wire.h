@@ -17,6 +17,7 @@ inline JsonWriter& begin_request(JsonWriter& j, uint32_t worker, const std::stri
 // One item of a "completions" list: {"lease": L, "loss": X, "samples": N, "metrics": {...}}.
 inline void write_completion(JsonWriter& j, const Job& job, const Completion& c) {
   j.begin_object().field("lease", job.lease).field("loss", c.loss).field("samples", c.samples);
+  if (c.seconds) j.field("seconds", *c.seconds);
   if (!c.metrics.empty()) {
     j.key("metrics").begin_object();
     for (const auto& [name, value] : c.metrics) j.field(name, value);

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -413,6 +414,111 @@ TEST(ClientStepsEnvironment, TheRankIsTakenFromTheEnvironmentWhenAGroupIsSet) {
   r = client::rank_from_environment(half);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().field, "world_size");
+}
+
+// Cost-balanced step mode (docs/CONFIG.md, "Cost-balanced steps") with the C++ client: each
+// completion carries its batch's own time (Completion::seconds), rank 1's twice rank 0's for the
+// same padded batch, and the coordinator fits its cost model from them: status shows it fitted,
+// rank 1 the slower. Every train sample is trained once per epoch.
+constexpr const char* kCostRun = R"(
+name = "costed"
+[data]
+train_samples = 60
+dev_samples = 6
+train_lengths = "train.txt"
+dev_lengths = "dev.txt"
+seed = 5
+[schedule]
+mode = "steps"
+epochs = 2
+batch_budget = 40.0
+[leases]
+timeout = 10
+)";
+
+double train_length(uint64_t sample) { return 1.0 + static_cast<double>((sample * 7) % 13); }
+
+// The number after `key` in `json` (a flat search: the test's own status reply).
+double number_after(const std::string& json, const std::string& key) {
+  const size_t at = json.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtod(json.c_str() + at + key.size(), nullptr);
+}
+
+TEST(ClientStepsCostBalanced, CompletionsCarryTheirSecondsAndTheModelIsFittedFromThem) {
+  TempDir dir;
+  std::string train, dev;
+  for (uint64_t i = 0; i < 60; ++i) train += std::to_string(train_length(i)) + "\n";
+  for (int i = 0; i < 6; ++i) dev += std::to_string(1 + i) + "\n";
+  dir.write("train.txt", train);
+  dir.write("dev.txt", dev);
+  const std::string config = dir.write("costed.toml", kCostRun);
+  auto server = ServerProcess::start({"--config", config, "--in-memory"});
+  ASSERT_NE(server, nullptr);
+  std::vector<std::map<int64_t, std::vector<uint64_t>>> trained(2);  // per rank: epoch -> samples
+  std::vector<std::string> errors(2);
+  auto rank = [&](uint32_t r) {
+    client::Options o;
+    o.url = server->url();
+    o.run = "costed";
+    o.worker_name = "r" + std::to_string(r);
+    o.group = "g1";
+    o.rank = r;
+    o.world_size = 2;
+    o.long_poll = std::chrono::milliseconds(2000);
+    o.give_up_after = std::chrono::milliseconds(20000);
+    auto w = client::Worker::connect(o);
+    if (!w) {
+      errors[r] = w.error().message;
+      return;
+    }
+    auto job = (*w)->next();
+    while (job && *job) {
+      const client::Job& j = **job;
+      // The padded batch's time (n · longest, 1 ms a unit), rank 1 twice as slow: reported,
+      // not slept.
+      double longest = 0;
+      for (uint64_t s : j.samples) longest = std::max(longest, train_length(s));
+      const double seconds = 0.001 * static_cast<double>(j.samples.size()) * longest * (1.0 + r);
+      if (j.set == "train") {
+        auto& mine = trained[r][j.epoch];
+        mine.insert(mine.end(), j.samples.begin(), j.samples.end());
+      }
+      job = (*w)->complete_and_next(j,
+                                    {.loss = 1.0, .samples = j.samples.size(), .seconds = seconds});
+    }
+    if (!job) errors[r] = job.error().message;
+  };
+  std::thread r0(rank, 0), r1(rank, 1);
+  r0.join();
+  r1.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int64_t epoch : {0, 1}) {
+    std::vector<uint64_t> all = trained[0][epoch];
+    all.insert(all.end(), trained[1][epoch].begin(), trained[1][epoch].end());
+    std::sort(all.begin(), all.end());
+    std::vector<uint64_t> each(60);
+    for (uint64_t i = 0; i < 60; ++i) each[i] = i;
+    EXPECT_EQ(all, each) << "train epoch " << epoch;
+  }
+  auto status = client::get(server->url(), "/v1/runs/costed");
+  ASSERT_TRUE(status) << status.error().message;
+  EXPECT_NE(status->find("\"state\":\"completed\""), std::string::npos) << *status;
+  const size_t model = status->find("\"cost_model\":{");
+  ASSERT_NE(model, std::string::npos) << *status;
+  const std::string cost_model = status->substr(model, status->find('}', model) - model);
+  EXPECT_NE(cost_model.find("\"fitted\":true"), std::string::npos) << cost_model;
+  EXPECT_GT(number_after(cost_model, "\"reports\":"), 8) << cost_model;
+  // The speeds: [1, ~2] (rank 0 the fastest, rank 1 twice as slow).
+  const size_t speeds = cost_model.find("\"speeds\":[");
+  ASSERT_NE(speeds, std::string::npos) << cost_model;
+  const char* at = cost_model.c_str() + speeds + 10;
+  char* end = nullptr;
+  const double s0 = std::strtod(at, &end);
+  const double s1 = std::strtod(end + 1, nullptr);
+  EXPECT_DOUBLE_EQ(s0, 1.0) << cost_model;
+  EXPECT_NEAR(s1, 2.0, 0.2) << cost_model;
 }
 
 }  // namespace
