@@ -228,6 +228,28 @@ void print_run_status(const std::string& status_json, std::ostream& out,
 }
 
 // High availability (docs/HA.md "Watching it"): one line per coordinator of GET /v1/coordinator.
+// Leadership is per run (docs/HA.md): which runs this coordinator leads and who leads the others,
+// as it last read etcd; the first 8, then how many more.
+static std::string runs_led_line(const Value& runs) {
+  if (!runs.IsArray() || runs.Empty()) return "";
+  constexpr rapidjson::SizeType kShown = 8;
+  std::string line = "    runs:";
+  for (rapidjson::SizeType i = 0; i < runs.Size() && i < kShown; ++i) {
+    const Value& r = runs[i];
+    line += (i == 0 ? " " : "; ") + text(at(r, "run"));
+    if (text(at(r, "role")) == "leader") {
+      line += " led here";
+    } else if (at(r, "leader").IsString()) {
+      line += " led by " + text(at(r, "leader"));
+    } else {
+      line += " no leader known";
+    }
+    line += " (term " + count(at(r, "term")) + ", head " + count(at(r, "head_seq")) + ")";
+  }
+  if (runs.Size() > kShown) line += "; and " + std::to_string(runs.Size() - kShown) + " more";
+  return line + "\n";
+}
+
 std::string coordinator_line(const std::string& url, const std::string& json) {
   rapidjson::Document d;
   d.Parse<rapidjson::kParseIterativeFlag>(json.c_str());
@@ -261,7 +283,7 @@ std::string coordinator_line(const std::string& url, const std::string& json) {
     line += " (last " + local_date(last.GetInt64(), 0) + ", serving " +
             num(at(d, "last_takeover_s"), "%.2f") + " s after winning)";
   }
-  return line + "\n";
+  return line + "\n" + runs_led_line(at(d, "runs"));
 }
 
 // The coordinators' lines when `urls` name coordinators in HA mode (or several): empty with

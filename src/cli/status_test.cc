@@ -119,5 +119,24 @@ TEST(Status, ALongRunsTableSaysItShowsTheLatestEpochs) {
       << out;
 }
 
+// Leadership per run (docs/HA.md): a coordinator's line says which runs it leads and who leads
+// the others; a reply without `runs` (a single coordinator) adds nothing.
+TEST(CoordinatorLine, SaysWhichRunsItLeadsAndWhoLeadsTheOthers) {
+  const std::string json = R"({"mode": "ha", "url": "http://a:1", "role": "leader",
+    "leader": {"url": "http://a:1", "term": 12}, "journal": null, "takeovers": 1,
+    "runs": [{"run": "x", "role": "leader", "leader": "http://a:1", "term": 12, "head_seq": 40},
+             {"run": "y", "role": "standby", "leader": "http://b:2", "term": 9, "head_seq": 7},
+             {"run": "z", "role": "standby", "leader": null, "term": null, "head_seq": 0}]})";
+  const std::string line = coordinator_line("http://a:1", json);
+  EXPECT_TRUE(contains(line, "http://a:1  leader  term 12")) << line;
+  EXPECT_TRUE(contains(line,
+                       "\n    runs: x led here (term 12, head 40); y led by http://b:2 "
+                       "(term 9, head 7); z no leader known (term -, head 0)\n"))
+      << line;
+  const std::string single = coordinator_line(
+      "http://a:1", R"({"mode": "single", "role": "leader", "leader": null, "takeovers": 0})");
+  EXPECT_FALSE(contains(single, "runs:")) << single;
+}
+
 }  // namespace
 }  // namespace traincoord::cli
