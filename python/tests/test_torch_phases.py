@@ -40,6 +40,47 @@ def test_settings_that_disagree_with_the_run_are_refused_naming_both(phases_serv
             Phases(run, batch_size=4, sizes={"train": 40})
 
 
+def test_phases_of_the_run_alone_takes_its_shape_from_the_run(phases_server):
+    with traincoord.Run(phases_server.url, "phases", "w") as run:
+        phases = Phases(run)  # batch size and set sizes written once, in the run's config
+        assert phases.batch_size == 4
+        seen = {}
+        for phase in phases:
+            for batch in phase:
+                seen.setdefault((phase.set, phase.epoch), []).extend(batch)
+                phase.report(1.0)
+        # every sample of every epoch once, as the config's sizes say
+        assert sorted(seen) == [("dev", 0), ("dev", 1), ("dev", 2),
+                                ("train", 0), ("train", 1), ("train", 2)]
+        for (set_name, _), samples in seen.items():
+            assert sorted(samples) == list(range(40 if set_name == "train" else 10))
+
+
+def test_a_run_without_its_sizes_in_the_config_asks_for_them_naming_the_field(serve_toml):
+    server = serve_toml("""
+name = "batches_only"
+[data]
+train_batches = 10
+batch_size = 4
+[schedule]
+epochs = 1
+""")
+    with traincoord.Run(server.url, "batches_only", "w") as run:
+        with pytest.raises(ValueError, match=r"no data.train_samples: give sizes="):
+            Phases(run)
+        Phases(run, sizes={"train": 40}).close()  # given in the script, it is checked instead
+    server2 = serve_toml("""
+name = "no_batch_size"
+[data]
+train_batches = 10
+[schedule]
+epochs = 1
+""")
+    with traincoord.Run(server2.url, "no_batch_size", "w") as run:
+        with pytest.raises(ValueError, match=r"has no data.batch_size: give batch_size="):
+            Phases(run, sizes={"train": 40})
+
+
 def test_a_job_is_completed_only_when_every_batch_was_reported(phases_server):
     with traincoord.Run(phases_server.url, "phases", "w") as run:
         phases = Phases(run, batch_size=4, sizes={"train": 40, "dev": 10})

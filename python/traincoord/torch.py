@@ -46,6 +46,9 @@ from .order import SHUFFLES, SampleOrder
 
 __all__ = ["Phase", "Phases", "ReportError", "EpochSampler"]
 
+FROM_RUN: Any = object()
+"""Phases' default batch_size: the run's data.batch_size (None for a cost-balanced run)."""
+
 
 class ReportError(RuntimeError):
     """A report that does not match a batch the loader handed out: too many reports, a report
@@ -215,8 +218,11 @@ class EpochSampler:
 class Phases:
     """Iterates over the phases of a run for this rank, until the run ends.
 
-    batch_size and sizes (samples per set: {"train": ..., "dev": ...}) must match the run's
-    config, else ValueError names both values. The coordinator's batch b of a set holds the
+    batch_size and sizes (samples per set: {"train": ..., "dev": ...}) default to the run's
+    (data.batch_size, data.train_samples, data.dev_samples), so ``Phases(run)`` needs the run's
+    shape written once, in its config; given here too, they must match it, else ValueError
+    names both values. batch_size=None is for a cost-balanced run (schedule.batch_budget: the
+    coordinator plans every batch), which is also its default. The coordinator's batch b of a set holds the
     samples at positions [b * batch_size, (b + 1) * batch_size) of that epoch's sample order:
     shuffle="epoch" (default) draws a fresh permutation every epoch, "fixed" one for the whole
     run, "none" keeps the data set's order (traincoord.order; seed defaults to the run's
@@ -240,7 +246,8 @@ class Phases:
     for the other ranks' shares.
     """
 
-    def __init__(self, run: Run, batch_size: int | None, sizes: Mapping[str, int], *,
+    def __init__(self, run: Run, batch_size: int | None | object = FROM_RUN,
+                 sizes: Mapping[str, int] | None = None, *,
                  shuffle: str = "epoch", seed: int | None = None, prefetch: int = 4,
                  on_epoch_end: Callable[[str, int, dict[str, Any]], None] | None = None,
                  group: str | None = None, cut_timeout: float = 600.0) -> None:
@@ -248,10 +255,13 @@ class Phases:
             raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be at least 1 (batches), got {prefetch}")
-        self.run, self.batch_size = run, batch_size
+        self.run = run
         status = run.status()
         # Cost-balanced step mode: the coordinator plans every batch (no batch_size).
         self.cost_balanced = status["config"].get("batch_budget") is not None
+        batch_size, sizes = _shape_from_run(run.run, status["config"], self.cost_balanced,
+                                            batch_size, sizes)
+        self.batch_size = batch_size
         if self.cost_balanced:
             _check_samples(run.run, status["config"], batch_size, sizes)
             self._orders: dict[str, SampleOrder | None] = {name: None for name in sizes}
@@ -554,6 +564,31 @@ def _rank_and_world_size() -> tuple[int, int]:
     if dist is not None:
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _shape_from_run(run: str, config: Mapping[str, Any], cost_balanced: bool,
+                    batch_size: Any, sizes: Mapping[str, int] | None
+                    ) -> tuple[int | None, Mapping[str, int]]:
+    """The batch size and set sizes Phases uses: those given, else the run's config's (whose
+    absence is named, with the config field that would give it)."""
+    if batch_size is FROM_RUN:
+        if cost_balanced:
+            batch_size = None
+        elif config.get("batch_size"):
+            batch_size = int(config["batch_size"])
+        else:
+            raise ValueError(f"run {run} has no data.batch_size: give batch_size= (samples per "
+                             "batch), or set data.batch_size in the run's config")
+    if sizes is None:
+        sizes = {}
+        for name in ("train", "dev"):
+            if config.get(f"{name}_samples"):
+                sizes[name] = int(config[f"{name}_samples"])
+            elif config.get(f"{name}_batches"):
+                raise ValueError(f"run {run} has {config[f'{name}_batches']} {name} batches but no "
+                                 f"data.{name}_samples: give sizes={{{name!r}: ...}} (samples per "
+                                 "set), or set it in the run's config")
+    return batch_size, sizes
 
 
 def _check_samples(run: str, config: Mapping[str, Any], batch_size: int | None,
