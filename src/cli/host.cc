@@ -1,5 +1,6 @@
 #include "cli/host.h"
 
+#include <algorithm>
 #include <cassert>
 #include <csignal>
 #include <iostream>
@@ -86,8 +87,8 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
     return fail(where +
                 " was started with a different config; these fields differ: " + join(changed) +
                 ". Give the run a new name to start afresh, or pass --apply-config-changes "
-                "(it may change leases.timeout, leases.max_attempts, leases.on_job_failure, "
-                "cuts.keep and early_stop.*)");
+                "(it may change schedule.epochs, leases.timeout, leases.max_attempts, "
+                "leases.on_job_failure, cuts.keep and early_stop.*)");
   }
   std::vector<std::string> fixed;
   for (const std::string& f : changed) {
@@ -97,8 +98,20 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
     return fail(where + ": a started run cannot change " + join(fixed) +
                 " (they shape its plan); give the run a new name to start afresh");
   }
+  if (file.config.seed_compat &&
+      std::find(changed.begin(), changed.end(), "schedule.epochs") != changed.end()) {
+    return fail(where +
+                ": a seed_compat run keeps its schedule.epochs (the original planned "
+                "what the checkpoint left into its last epoch); give the run a new name");
+  }
+  if (const int64_t least = run.opened_train_end(); make_plan(file.config).end_epoch < least) {
+    return fail(where + ": schedule.epochs: the run has opened train epoch " +
+                std::to_string(least - 1) + " already, so its target epoch can be " +
+                std::to_string(least) + " at the least; raise it, or give the run a new name");
+  }
   auto updated = RunCodec::load(file.config, RunCodec::save(run), clock);
-  if (!updated) return fail(updated.error().message);
+  if (!updated) return fail(where + ": " + updated.error().message);
+  (*updated)->note_config_change("changed by --apply-config-changes: " + join(changed));
   engine.adopt(std::move(*updated));
   if (store) {
     if (auto r =

@@ -59,7 +59,7 @@ constexpr std::array kFields = {
     TC_FIELD("schedule.gpus_per_worker", gpus_per_worker, kFixed),
     TC_FIELD("schedule.iters_per_worker", iters_per_worker, kFixed),
     TC_FIELD("schedule.replicas_to_agg", replicas_to_agg, kFixed),
-    TC_FIELD("schedule.epochs", epochs, kFixed),
+    TC_FIELD("schedule.epochs", epochs, kChangeable),  // raised; lowered to what is opened
     TC_FIELD("schedule.validation_every", validation_every, kFixed),
     TC_FIELD("schedule.start_step", start_step, kFixed),
     TC_FIELD("schedule.seed_compat", seed_compat, kFixed),

@@ -25,7 +25,8 @@ std::span<const ConfigField> config_fields();
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b);
 
 // Whether a started run can take a new value of `field` (--apply-config-changes): the lease
-// settings and the early-stop rule can; what shapes the plan (sizes, schedule, order) cannot.
+// settings, the early-stop rule and schedule.epochs can (the epochs raised, or lowered to those
+// opened already: RunCodec::load checks); what shapes the plan (sizes, order) cannot.
 // False for a name that is not one of config_fields().
 bool changeable_in_a_started_run(const std::string& field);
 

@@ -93,14 +93,15 @@ TEST(ConfigDiff, EqualConfigsDifferInNothingNotEvenTheirName) {
   EXPECT_TRUE(config_differences(a, b).empty());  // NaN equals NaN: nothing the user changed
 }
 
-TEST(ConfigDiff, AStartedRunTakesNewLeaseSettingsAndEarlyStopButKeepsItsPlan) {
+TEST(ConfigDiff, AStartedRunTakesNewLeaseSettingsEarlyStopAndEpochsButKeepsItsPlan) {
   for (const char* field :
        {"leases.timeout", "leases.max_attempts", "leases.on_job_failure", "early_stop.rule",
-        "early_stop.window", "early_stop.patience", "early_stop.check_finite"}) {
+        "early_stop.window", "early_stop.patience", "early_stop.check_finite", "schedule.epochs"}) {
     EXPECT_TRUE(changeable_in_a_started_run(field)) << field;
   }
-  for (const char* field : {"data.train_batches", "data.order", "data.seed", "schedule.epochs",
-                            "schedule.start_step", "leases.history", "name", "nonsense"}) {
+  for (const char* field :
+       {"data.train_batches", "data.order", "data.seed", "schedule.validation_every",
+        "schedule.start_step", "leases.history", "name", "nonsense"}) {
     EXPECT_FALSE(changeable_in_a_started_run(field)) << field;
   }
 }

@@ -51,6 +51,8 @@ std::string_view event_kind_name(EventKind kind) {
       return "restored";
     case EventKind::kGroupStarted:
       return "group_started";
+    case EventKind::kConfigChanged:
+      return "config_changed";
   }
   return "unknown";
 }
@@ -229,6 +231,33 @@ void Run::advance() {
   if (running_.empty() && state_ == RunState::kRunning && overlap) {
     open_next_epoch();
   }
+}
+
+int64_t Run::opened_train_end() const {
+  int64_t end = plan_.start_epoch;
+  for (const Epoch& e : epochs_) {
+    if (e.plan.set == SetKind::kTrain) end = std::max(end, e.plan.epoch + 1);
+  }
+  return end;
+}
+
+std::string Run::take_target() {
+  // (From the epochs themselves, which load() has checked, rather than from next_epoch_.)
+  const int64_t opened_end = opened_train_end();
+  if (plan_.end_epoch < opened_end) {
+    return "the run has opened train epoch " + std::to_string(opened_end - 1) +
+           " already, so its target epoch can be " + std::to_string(opened_end) +
+           " at the least (this config's is " + std::to_string(plan_.target_epoch) + ")";
+  }
+  if (state_ == RunState::kCompleted && next_epoch_ < plan_.end_epoch) {
+    emit(EventKind::kConfigChanged, "running again to target epoch " +
+                                        std::to_string(plan_.target_epoch) + " (it had " +
+                                        state_reason_ + ")");
+    state_ = RunState::kRunning;
+    state_reason_.clear();
+    advance();
+  }
+  return "";
 }
 
 // ---- workers ----

@@ -136,6 +136,7 @@ enum class EventKind : uint8_t {
   kCutTaken,
   kRestored,
   kGroupStarted,
+  kConfigChanged,  // --apply-config-changes: fields changed, a completed run going on
 };
 std::string_view event_kind_name(EventKind kind);
 
@@ -305,6 +306,11 @@ class Run {
   uint64_t planned_jobs() const;
   // Recent events, oldest first, at most kEventsKept; seq grows by one per event.
   const std::deque<Event>& events() const { return events_; }
+  // One past the latest train epoch opened (the start epoch when none is): the least target
+  // epoch a changed schedule.epochs may give this run.
+  int64_t opened_train_end() const;
+  // Says, as a config_changed event, what --apply-config-changes changed in this run.
+  void note_config_change(std::string what) { emit(EventKind::kConfigChanged, std::move(what)); }
   // How many events were ever emitted (they are numbered from 1): a call that moves it did
   // something (a lease expired, an epoch opened, a worker joined, ...).
   uint64_t event_seq() const { return event_seq_; }
@@ -364,6 +370,11 @@ class Run {
   void count_failure(uint32_t epoch_slot, uint64_t position, const std::string& why);
   void remember(LeaseId lease, WorkerId worker, CompletionOutcome outcome);
   void emit(EventKind kind, std::string text);
+  // After a load with a changed schedule.epochs (--apply-config-changes): the epochs opened stay
+  // as they were, and a run that had completed its schedule goes on with the epochs a higher
+  // target adds. Returns what is wrong (an epoch opened past the target: --apply-config-changes
+  // refuses such a config before, so here it is damage), or "".
+  std::string take_target();
   TimeMs retry_hint() const;
   uint64_t void_leases();
   // The run's progress (core/run_progress.h), leases and all; and taking one on.

@@ -950,6 +950,9 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   if (const std::string broken = inconsistency(*run); !broken.empty()) {
     return corrupt("inconsistent: " + broken);
   }
+  if (std::string wrong = run->take_target(); !wrong.empty()) {
+    return corrupt("inconsistent with schedule.epochs: " + wrong);
+  }
   return run;
 }
 

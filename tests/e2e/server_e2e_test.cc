@@ -749,6 +749,54 @@ TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
   EXPECT_EQ(d["counters"]["handouts"].GetUint64(), 1u);  // the run went on where it was
 }
 
+// schedule.epochs raised on a run that completed (--apply-config-changes, issue 34): the run
+// goes on with the epochs added, the change survives a kill -9, and every batch of every epoch
+// is trained once.
+TEST(DurabilityEpochs, RaisedEpochsOfACompletedRunAreTrainedOnceAcrossAKillNine) {
+  TempDir dir;
+  auto with_epochs = [&](const std::string& name, int epochs) {
+    std::string text = kRun;
+    text.replace(text.find("epochs = 3"), 10, "epochs = " + std::to_string(epochs));
+    return dir.write(name, text);
+  };
+  const std::string one = with_epochs("one.toml", 1), three = with_epochs("three.toml", 3);
+  const std::string data = dir.path() + "/data";
+  Ledger ledger;
+  {
+    auto server = ServerProcess::start({"--config", one, "--data-dir", data});
+    ASSERT_NE(server, nullptr);
+    ASSERT_EQ(work(options_for(*server, "a"), &ledger), "completed");
+  }
+  auto [status, out] = serve_once({"--config", three, "--data-dir", data});
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("schedule.epochs"), std::string::npos) << out;
+
+  auto server =
+      ServerProcess::start({"--config", three, "--data-dir", data, "--apply-config-changes"});
+  ASSERT_NE(server, nullptr);
+  auto s = parse(*client::get(server->url(), "/v1/runs/e2e"));
+  EXPECT_STREQ(s["state"].GetString(), "running");
+  bool said = false;
+  for (const auto& e : s["events"].GetArray()) {
+    said |= std::string(e["kind"].GetString()) == "config_changed" &&
+            std::string(e["text"].GetString()).find("schedule.epochs") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << "no config_changed event naming schedule.epochs";
+  ASSERT_EQ(work_streamed(options_for(*server, "b"), 2, &ledger, 5), "stopped");
+
+  server->kill(SIGKILL);  // the raised target and the 5 jobs of epoch 1 are kept
+  auto [status2, out2] =
+      serve_once({"--config", one, "--data-dir", data, "--apply-config-changes"});
+  EXPECT_EQ(status2, 2) << out2;  // lowered below the epoch opened
+  EXPECT_NE(out2.find("schedule.epochs: the run has opened train epoch 1 already"),
+            std::string::npos)
+      << out2;
+  server = ServerProcess::start({"--config", three, "--data-dir", data});
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(work(options_for(*server, "c"), &ledger), "completed");
+  ledger.expect_exactly_once(30, 6, 3);
+}
+
 TEST_F(Durability, InspectShowsARunWithoutAServer) {
   int status = -1;
   const std::string out =
