@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <optional>
@@ -47,37 +48,6 @@ HttpReply ok(JsonWriter& json) { return HttpReply{200, json.take(), {}, "applica
 // A request body's document: its values and its parse stack in the Api's arena.
 using BodyDocument = rapidjson::GenericDocument<rapidjson::UTF8<>, rapidjson::MemoryPoolAllocator<>,
                                                 rapidjson::MemoryPoolAllocator<>>;
-
-// Parses a JSON request body into `doc`.
-Result<void> parse_body(const std::string& text, BodyDocument& doc) {
-  if (text.empty()) {
-    doc.SetObject();
-    return {};
-  }
-  // RapidJSON stops at a NUL byte, so "{...}\0anything" would parse as "{...}". A NUL is never
-  // valid JSON text (inside a string it must be escaped as \u0000).
-  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
-    return invalid_argument("", "the body holds a NUL byte at offset " + std::to_string(nul) +
-                                    ": send the JSON text alone");
-  }
-  // NaN and Infinity are accepted: Python's json module writes them for a diverged loss.
-  // Read from a plain MemoryStream: Parse(data, size) wraps it in an EncodedInputStream, which
-  // skips a byte order mark, and also a lone 0xEF, 0xBB or 0xBF byte ("\xEF{}" parsed as "{}"),
-  // so the body would be accepted here and refused by the canonical writer (found by fuzz_api).
-  rapidjson::MemoryStream stream(text.data(), text.size());
-  doc.ParseStream<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag,
-                  rapidjson::UTF8<>>(stream);
-  if (doc.HasParseError()) {
-    return invalid_argument("", "the body is not valid JSON: " +
-                                    std::string(rapidjson::GetParseError_En(doc.GetParseError())) +
-                                    " at offset " + std::to_string(doc.GetErrorOffset()));
-  }
-  if (!doc.IsObject()) return invalid_argument("", "the body must be a JSON object");
-  if (auto key = find_duplicate_key(doc)) {
-    return invalid_argument(*key, "the body has the key " + *key + " twice; send each key once");
-  }
-  return {};
-}
 
 // The fields of a JSON object (a body, or an item of a list in it). Every field read is
 // remembered, so that a field the endpoint does not know is refused by name (a typo such as
@@ -722,27 +692,133 @@ class CanonicalWriter
   size_t too_long_ = 0;
 };
 
-// REQUIRES: `body` parsed as a JSON object (parse_body), so it holds no NUL byte.
-Result<void> write_canonical(const std::string& body, rapidjson::StringBuffer& out,
-                             rapidjson::MemoryPoolAllocator<>& pool, size_t max_number_chars) {
+// The SAX events of one parse, to the document the handlers read and to the canonical writer
+// at once: a request body is parsed once, not once for its fields and again for the journal
+// (a second full parse was ~1 us of a job cycle's server CPU; docs/PERFORMANCE.md). A number
+// reaches the writer as its lexeme, the text the reader has just consumed (the stream is read
+// in place: `in` is where the number ended), so the record is the same text as a parse with
+// kParseNumbersAsStringsFlag wrote before. A number too long for the record stops the writer,
+// not the parse: a body that is not JSON is still refused as such first.
+template <class Document>
+class ParseTee {
+ public:
+  ParseTee(Document& doc, CanonicalWriter& writer, const std::string& text,
+           const rapidjson::MemoryStream& in)
+      : doc_(doc), writer_(writer), text_(text), in_(in) {}
+
+  bool Null() {
+    return write([&] { return writer_.Null(); }) && doc_.Null();
+  }
+  bool Bool(bool b) {
+    return write([&] { return writer_.Bool(b); }) && doc_.Bool(b);
+  }
+  bool Int(int i) { return number() && doc_.Int(i); }
+  bool Uint(unsigned u) { return number() && doc_.Uint(u); }
+  bool Int64(int64_t i) { return number() && doc_.Int64(i); }
+  bool Uint64(uint64_t u) { return number() && doc_.Uint64(u); }
+  bool Double(double d) { return number() && doc_.Double(d); }
+  bool RawNumber(const char* str, rapidjson::SizeType length, bool copy) {
+    return number() && doc_.RawNumber(str, length, copy);  // (not reached: no such flag)
+  }
+  bool String(const char* str, rapidjson::SizeType length, bool copy) {
+    return write([&] { return writer_.String(str, length, copy); }) &&
+           doc_.String(str, length, copy);
+  }
+  bool Key(const char* str, rapidjson::SizeType length, bool copy) {
+    return write([&] { return writer_.Key(str, length, copy); }) && doc_.Key(str, length, copy);
+  }
+  bool StartObject() {
+    return write([&] { return writer_.StartObject(); }) && doc_.StartObject();
+  }
+  bool EndObject(rapidjson::SizeType members) {
+    return write([&] { return writer_.EndObject(members); }) && doc_.EndObject(members);
+  }
+  bool StartArray() {
+    return write([&] { return writer_.StartArray(); }) && doc_.StartArray();
+  }
+  bool EndArray(rapidjson::SizeType elements) {
+    return write([&] { return writer_.EndArray(elements); }) && doc_.EndArray(elements);
+  }
+
+ private:
+  template <class F>
+  bool write(F f) {
+    if (writing_ && !f()) writing_ = false;
+    return true;
+  }
+  // The lexeme of the number just read: it ends where the stream is, and starts after the
+  // separator before it (digits, sign, point, exponent; letters of NaN and Infinity).
+  bool number() {
+    const size_t end = in_.Tell();
+    size_t start = end;
+    while (start > 0) {
+      const char c = text_[start - 1];
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '+' && c != '.') break;
+      --start;
+    }
+    return write([&] {
+      return writer_.RawNumber(text_.data() + start, static_cast<rapidjson::SizeType>(end - start),
+                               false);
+    });
+  }
+
+  Document& doc_;
+  CanonicalWriter& writer_;
+  const std::string& text_;
+  const rapidjson::MemoryStream& in_;
+  bool writing_ = true;
+};
+
+// Parses a JSON request body into `doc`, and writes its canonical record (CanonicalWriter) into
+// `out`, in one pass; refuses what parse_body refuses, and a number longer than
+// `max_number_chars`.
+Result<void> parse_body_and_record(const std::string& text, BodyDocument& doc,
+                                   rapidjson::StringBuffer& out,
+                                   rapidjson::MemoryPoolAllocator<>& pool,
+                                   size_t max_number_chars) {
   out.Clear();
-  if (body.empty()) {
+  if (text.empty()) {
+    doc.SetObject();
     out.Put('{');
     out.Put('}');
     return {};
   }
+  // A NUL is never valid JSON text (inside a string it must be escaped as \u0000).
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    return invalid_argument("", "the body holds a NUL byte at offset " + std::to_string(nul) +
+                                    ": send the JSON text alone");
+  }
+  // RapidJSON stops at a NUL byte, so "{...}\0anything" would parse as "{...}" (above). NaN and
+  // Infinity are accepted: Python's json module writes them for a diverged loss. Read from a
+  // plain MemoryStream: Parse(data, size) wraps it in an EncodedInputStream, which skips a byte
+  // order mark, and also a lone 0xEF, 0xBB or 0xBF byte ("\xEF{}" parsed as "{}": found by
+  // fuzz_api). The reader takes it by reference (no local copy), so the tee sees where it is.
+  rapidjson::MemoryStream stream(text.data(), text.size());
   CanonicalWriter writer(out, max_number_chars);
   rapidjson::GenericReader<rapidjson::UTF8<>, rapidjson::UTF8<>, rapidjson::MemoryPoolAllocator<>>
       reader(&pool);
-  rapidjson::StringStream in(body.c_str());
-  reader.Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag |
-               rapidjson::kParseNumbersAsStringsFlag>(in, writer);
+  auto generate = [&](BodyDocument& handler) {
+    ParseTee<BodyDocument> tee(handler, writer, text, stream);
+    return !reader
+                .Parse<rapidjson::kParseNanAndInfFlag | rapidjson::kParseIterativeFlag>(stream, tee)
+                .IsError();
+  };
+  doc.Populate(generate);
+  if (reader.HasParseError()) {
+    return invalid_argument(
+        "", "the body is not valid JSON: " +
+                std::string(rapidjson::GetParseError_En(reader.GetParseErrorCode())) +
+                " at offset " + std::to_string(reader.GetErrorOffset()));
+  }
+  if (!doc.IsObject()) return invalid_argument("", "the body must be a JSON object");
+  if (auto key = find_duplicate_key(doc)) {
+    return invalid_argument(*key, "the body has the key " + *key + " twice; send each key once");
+  }
   if (writer.too_long() > 0) {
     return invalid_argument("", "the body holds a number of " + std::to_string(writer.too_long()) +
                                     " characters; at most " + std::to_string(max_number_chars) +
                                     " (17 significant digits are exact for any double)");
   }
-  TC_ASSERT(!reader.HasParseError());  // (it parsed as a document before)
   return {};
 }
 
@@ -750,7 +826,12 @@ Result<void> write_canonical(const std::string& body, rapidjson::StringBuffer& o
 
 std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   std::string allow;  // the methods the path allows, when it is an endpoint's
-  const Endpoint* endpoint = find_endpoint(req.method, req.target, &allow);
+  // The first row that matches ends the scan; only a request no row takes scans them all, for
+  // the methods its path allows (the whole scan every request was ~5% of a job cycle's
+  // instructions: docs/PERFORMANCE.md).
+  const Endpoint* endpoint = find_endpoint(req.method, req.target);
+  if (!endpoint || endpoint == &kDashboard)
+    endpoint = find_endpoint(req.method, req.target, &allow);
   if (endpoint ? !endpoint->handler : allow.empty()) return no_endpoint(req);
   Request r{*this, req, clock_.now(), nullptr, nullptr, {}};
   if (const std::string_view run = run_of(req.target); !run.empty()) {
@@ -763,9 +844,8 @@ std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
   // Parsed into memory reused for every request (see ParseArena).
   arena_->pool.Clear();
   BodyDocument doc(&arena_->pool, 1024, &arena_->pool);
-  TC_TRY_REPLY(parse_body(req.body, doc));
-  TC_TRY_REPLY(
-      write_canonical(req.body, arena_->journal_buffer, arena_->pool, limits_.max_number_chars));
+  TC_TRY_REPLY(parse_body_and_record(req.body, doc, arena_->journal_buffer, arena_->pool,
+                                     limits_.max_number_chars));
   Fields body(doc, limits_.name_identity);
   r.body = &body;
   if (endpoint->grouped) {

@@ -268,6 +268,34 @@ TEST_F(ApiTest, NonFiniteLossesAreAcceptedAsData) {
   EXPECT_EQ(status["counters"]["nonfinite_losses"].GetUint64(), 1u);
 }
 
+// What the journal keeps of a request (Api::journal_body): its body without the whitespace,
+// each number exactly as it was sent (its lexeme, sign and exponent included), from the one
+// parse that also fills the handlers' document.
+TEST_F(ApiTest, TheJournalKeepsTheBodyCompactWithEachNumberAsSent) {
+  json("POST", "/v1/runs/r/workers", "{ \"name\" :\t\"a\" }");
+  EXPECT_EQ(api_.journal_body(), R"({"name":"a"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0, "jobs": 2})");
+  EXPECT_EQ(api_.journal_body(), R"({"worker":0,"jobs":2})");
+  json("POST", "/v1/runs/r/complete",
+       "{\"worker\": 0,\n \"lease\": 1, \"loss\": -5.000e-1, \"samples\": 8,"
+       " \"metrics\": {\"acc\": 1E+2, \"x\": -0.0, \"big\": 123456789012345678901234}}");
+  EXPECT_EQ(api_.journal_body(),
+            R"({"worker":0,"lease":1,"loss":-5.000e-1,"samples":8,)"
+            R"("metrics":{"acc":1E+2,"x":-0.0,"big":123456789012345678901234}})");
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 2, "loss": -Infinity})");
+  EXPECT_EQ(api_.journal_body(), R"({"worker":0,"lease":2,"loss":-Infinity})");
+  // A number too long to keep is refused; a body that is not JSON is refused as such first.
+  const std::string digits(65, '1');
+  const HttpReply too_long =
+      reply("POST", "/v1/runs/r/heartbeat", R"({"worker": 0, "x": )" + digits + "}");
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_NE(too_long.body.find("a number of 65 characters; at most 64"), std::string::npos)
+      << too_long.body;
+  const HttpReply not_json = reply("POST", "/v1/runs/r/heartbeat", "{\"x\": " + digits + ", }");
+  EXPECT_EQ(not_json.status, 400);
+  EXPECT_NE(not_json.body.find("not valid JSON"), std::string::npos) << not_json.body;
+}
+
 TEST_F(ApiTest, AcquireParksWhenAskedToWaitAndIsAnsweredWhenWorkAppears) {
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   json("POST", "/v1/runs/r/workers", R"({"name": "b"})");

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -476,7 +477,25 @@ class HttpServer::Impl {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         commit_batch_.observe(static_cast<double>(requests));
       }
-      for (Wave& w : work) send(w.replies);
+      if (inline_engine_) {
+        // One hand-off to the I/O thread per commit, not one per reply: each reply's post from
+        // this thread took the I/O context's lock (and competed with the I/O thread for it);
+        // from the I/O thread itself, posting to its own context (concurrency hint 1) takes no
+        // lock. The replies go out in order, in one handler.
+        std::vector<Outgoing> replies;
+        for (Wave& w : work) {
+          if (replies.empty()) {
+            replies = std::move(w.replies);
+          } else {
+            std::move(w.replies.begin(), w.replies.end(), std::back_inserter(replies));
+          }
+        }
+        if (!replies.empty()) {
+          asio::post(*ios_[0], [this, replies = std::move(replies)]() mutable { send(replies); });
+        }
+      } else {
+        for (Wave& w : work) send(w.replies);
+      }
       work.clear();
     }
   }
