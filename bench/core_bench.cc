@@ -2,13 +2,19 @@
 //   build/core_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/clock.h"
 #include "core/run.h"
+#include "core/run_codec.h"
 
 namespace traincoord {
 namespace {
@@ -135,6 +141,133 @@ void BM_MemoryBillionBatchEpoch(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_MemoryBillionBatchEpoch)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+// ---- step mode (issue 32; docs/PERFORMANCE.md, "Step mode: the coordinator's own cost") ----
+
+// Log-normal lengths of 1 to 35 (utterance durations in seconds), as bench/step_balance.py.
+std::vector<double> lognormal_lengths(uint64_t n) {
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> d(std::log(6.0), 0.6);
+  std::vector<double> v;
+  for (uint64_t i = 0; i < n; ++i)
+    v.push_back(std::round(std::clamp(d(rng), 1.0, 35.0) * 100) / 100);
+  return v;
+}
+
+// A step-mode run of `samples` train samples: fixed batches of 32 (budget 0), or cost-balanced
+// under a budget of 8 average samples' padded cost (quadratic).
+RunConfig step_config(uint64_t samples, bool cost_balanced) {
+  RunConfig c;
+  c.name = "steps";
+  c.mode = ScheduleMode::kSteps;
+  c.train_samples = c.train_batches = samples;
+  c.epochs = 1000;
+  c.validation_every = 0;
+  c.lease_timeout_ms = 60'000;
+  c.seed = 3;
+  if (cost_balanced) {
+    c.train_lengths = lognormal_lengths(samples);
+    c.cost = BatchCost{0, 0, 1};
+    c.batch_budget = 8 * 6.0 * 6.0 * 1.5;
+  } else {
+    c.batch_size = 32;
+  }
+  return c;
+}
+
+std::vector<WorkerId> step_group(Run& run, uint32_t w) {
+  std::vector<WorkerId> ids;
+  for (uint32_t r = 0; r < w; ++r) {
+    (void)run.join_group("g");
+    ids.push_back(run.join("rank" + std::to_string(r), "g", GroupRank{r, w}));
+  }
+  return ids;
+}
+
+// One step-mode cycle: a rank completes its oldest batch and acquires one more, each of W ranks
+// in turn holding `depth` batches (its prefetch), as a group of W ranks under DDP does. Epochs of
+// 20,000 samples open and close throughout (their opening included, a share per cycle).
+void BM_StepCycle(benchmark::State& state) {
+  ManualClock clock;
+  const uint32_t w = static_cast<uint32_t>(state.range(0));
+  const uint32_t depth = static_cast<uint32_t>(state.range(1));
+  const bool balanced = state.range(2) != 0;
+  Run run(step_config(20'000, balanced), clock);
+  const std::vector<WorkerId> ids = step_group(run, w);
+  std::vector<std::deque<LeaseId>> held(w);
+  for (uint32_t d = 0; d < depth; ++d) {
+    for (uint32_t r = 0; r < w; ++r) held[r].push_back(run.acquire(ids[r])->job.lease);
+  }
+  Completion done;
+  done.loss = 0.5;
+  done.samples = 32;
+  uint32_t r = 0;
+  uint64_t completed = 0;
+  for (auto _ : state) {
+    // At an epoch's end a rank may find nothing to take until the epoch closes: it then holds
+    // fewer batches for a while, and a cycle may be an acquire alone.
+    if (!held[r].empty()) {
+      (void)run.complete(ids[r], held[r].front(), done);
+      held[r].pop_front();
+      ++completed;
+    }
+    while (held[r].size() < depth) {
+      auto next = run.acquire(ids[r]);
+      if (next->status != AcquireStatus::kJob) break;
+      held[r].push_back(next->job.lease);
+    }
+    if (++r == w) r = 0;
+  }
+  check_all_counted_n(state, run, completed);
+  state.counters["completions_per_s"] =
+      benchmark::Counter(static_cast<double>(completed), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_StepCycle)
+    ->ArgNames({"W", "depth", "balanced"})
+    ->Args({8, 1, 0})
+    ->Args({8, 4, 0})
+    ->Args({8, 4, 1})
+    ->Args({64, 4, 0})
+    ->Args({64, 4, 1});
+
+// The acquire that opens (lays out and plans) a cost-balanced epoch of 20,000 samples for 8 ranks.
+void BM_OpenCostBalancedEpoch(benchmark::State& state) {
+  const RunConfig config = step_config(20'000, true);
+  ManualClock clock;
+  std::optional<Run> run;
+  for (auto _ : state) {
+    state.PauseTiming();
+    run.reset();
+    run.emplace(config, clock);
+    const std::vector<WorkerId> ids = step_group(*run, 8);
+    state.ResumeTiming();
+    auto first = run->acquire(ids[0]);
+    benchmark::DoNotOptimize(first->job.lease);
+  }
+}
+BENCHMARK(BM_OpenCostBalancedEpoch)->Unit(benchmark::kMillisecond);
+
+// Loading a snapshot of a cost-balanced run with an open 20,000-sample epoch for 8 ranks, part
+// trained (what a restart and a standby's takeover do).
+void BM_LoadCostBalancedSnapshot(benchmark::State& state) {
+  const RunConfig config = step_config(20'000, true);
+  ManualClock clock;
+  Run run(config, clock);
+  const std::vector<WorkerId> ids = step_group(run, 8);
+  Completion done;
+  done.loss = 0.5;
+  done.samples = 32;
+  for (int step = 0; step < 50; ++step) {
+    for (WorkerId id : ids) (void)run.complete(id, run.acquire(id)->job.lease, done);
+  }
+  const std::string bytes = RunCodec::save(run);
+  for (auto _ : state) {
+    auto loaded = RunCodec::load(config, bytes, clock);
+    if (!loaded) state.SkipWithError("the snapshot did not load");
+    benchmark::DoNotOptimize(loaded->get());
+  }
+}
+BENCHMARK(BM_LoadCostBalancedSnapshot)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace traincoord

@@ -242,6 +242,38 @@ function drawCuts(status) {
     ` <span class="muted">(${n(counters.leases_voided)} leases voided)</span></dd></dl>`;
 }
 
+// Step mode (docs/SEMANTICS.md "Step mode", docs/API.md `steps`): each set's latest epoch in
+// steps, what its plan was made with and predicts, the cost model and each rank's pace; hidden
+// for a run that hands out jobs.
+function drawSteps(status) {
+  const steps = status.steps;
+  $("steps-section").hidden = !steps;
+  if (!steps) return;
+  const n = (v) => (v === null || v === undefined ? "–" : text(v));
+  const pct = (v) => (typeof v === "number" ? `${(100 * v).toFixed(1)}%` : "–");
+  const sets = (steps.sets || []).map((s) =>
+    `<tr data-set="${text(s.set)}"><td>${text(s.set)} epoch ${n(s.epoch)}${s.closed ? " (closed)" : ""}</td>` +
+    `<td class="steps-done">${n(s.done)} / ${n(s.planned)}</td>` +
+    `<td>${n(s.batches_in_flight)} in flight, ${n(s.batches_queued)} queued</td>` +
+    `<td>${s.planned_with ? text(s.planned_with) : "fixed batches"}</td>` +
+    `<td class="steps-straggling">${s.predicted ? fmt(s.predicted.straggling, 3) : "–"}</td>` +
+    `<td>${s.predicted ? pct(s.predicted.padding) : "–"}</td></tr>`).join("");
+  const m = status.cost_model;
+  const model = !m ? "no batch time reported yet" :
+    `${m.fitted ? `<b>${text(m.model)}</b>` : "not fitted yet"} from ${n(m.reports)} reports` +
+    ` (${n(m.ranks)} ranks)`;
+  const ranks = (steps.ranks || []).map((r) =>
+    `<tr data-rank="${n(r.rank)}"><td>rank ${n(r.rank)}</td><td>${fmt(r.samples_per_s, 1)}</td>` +
+    `<td>${r.speed === null || r.speed === undefined ? "–" : fmt(r.speed, 2)}</td><td>${n(r.batches)}</td></tr>`).join("");
+  const more = steps.ranks_total > (steps.ranks || []).length ? `<tr><td colspan="4" class="muted">${steps.ranks_total - steps.ranks.length} more ranks not shown</td></tr>` : "";
+  const el = $("steps");
+  el.dataset.worldSize = n(steps.world_size);
+  el.innerHTML =
+    `<table><tr><th>epoch</th><th>steps done</th><th>batches</th><th>planned with</th><th>predicted straggling</th><th>padding</th></tr>${sets}</table>` +
+    (status.cost_model !== undefined ? `<p>cost model: <span id="steps-model">${model}</span></p>` : "") +
+    (ranks ? `<table><tr><th>rank</th><th>samples/s</th><th>speed</th><th>batches</th></tr>${ranks}${more}</table>` : "");
+}
+
 // The events of checkpoint cuts stand out from the others (a coloured mark per kind).
 const CHECKPOINT_EVENTS = new Set(["cut_taken", "restored", "group_started"]);
 
@@ -273,6 +305,7 @@ function draw(status, history) {
     `wait ${es.wait}` + (es.stopped ? `; <b>stopped</b>: ${text(es.reason)}` : "");
   drawWorkers(status.workers);
   drawCuts(status);
+  drawSteps(status);
   drawEvents(status.events);
   drawEpochs(history, status);
   drawJobs(history, c);

@@ -1,4 +1,5 @@
 // `traincoord status` and `traincoord runs`: a terminal view of a coordinator.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -129,6 +130,53 @@ void render_cuts(const Value& r, std::ostream& out, std::optional<int64_t> wall_
       << count(at(counters, "leases_voided")) << "\n\n";
 }
 
+// Step mode (docs/API.md, the status's `steps`): one line, the current train epoch's steps (else
+// the dev epoch's), what its plan was made with and predicts, and the ranks' pace. Empty for a
+// run that hands out jobs.
+std::string steps_line(const Value& r) {
+  const Value& steps = at(r, "steps");
+  if (!steps.IsObject()) return "";
+  const Value* shown = nullptr;
+  for (const Value& s : items(at(steps, "sets"))) {
+    if (!shown || (flag(at(*shown, "closed")) && !flag(at(s, "closed")))) shown = &s;
+  }
+  std::string line = "steps: world size " + count(at(steps, "world_size"));
+  if (shown) {
+    const Value& s = *shown;
+    line += "; " + text(at(s, "set")) + " epoch " + count(at(s, "epoch")) + " " +
+            count(at(s, "done")) + "/" + count(at(s, "planned")) + " steps done, " +
+            count(at(s, "batches_in_flight")) + " batches in flight, " +
+            count(at(s, "batches_queued")) + " queued";
+    if (at(s, "planned_with").IsString()) {
+      line += ", planned with the " + text(at(s, "planned_with")) + " cost";
+    }
+    const Value& predicted = at(s, "predicted");
+    if (predicted.IsObject()) {
+      const Value& padding = at(predicted, "padding");
+      char pad[32] = "-";
+      if (padding.IsNumber()) std::snprintf(pad, sizeof pad, "%.1f%%", 100 * padding.GetDouble());
+      line += " (predicted straggling " + num(at(predicted, "straggling"), "%.3f") + ", padding " +
+              pad + ")";
+    }
+  }
+  // The ranks' pace: the slowest and the fastest, in samples per second of their own time.
+  double slowest = 0, fastest = 0;
+  bool any = false;
+  for (const Value& rank : items(at(steps, "ranks"))) {
+    const Value& v = at(rank, "samples_per_s");
+    if (!v.IsNumber() || !(v.GetDouble() > 0)) continue;
+    slowest = any ? std::min(slowest, v.GetDouble()) : v.GetDouble();
+    fastest = any ? std::max(fastest, v.GetDouble()) : v.GetDouble();
+    any = true;
+  }
+  if (any) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "; ranks %.1f to %.1f samples/s", slowest, fastest);
+    line += buf;
+  }
+  return line + "\n";
+}
+
 void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_now_ms) {
   const Value& plan = at(r, "plan");
   const Value& progress = at(r, "progress");
@@ -151,6 +199,7 @@ void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_n
         << progress_bar(done, jobs, 30) << " " << done << "/" << jobs << " jobs, "
         << count(at(current, "running")) << " running\n";
   }
+  out << steps_line(r);
   out << "run: " << count(at(progress, "jobs_done")) << "/" << count(at(progress, "jobs_planned"))
       << " jobs, " << num(at(progress, "jobs_per_s"), "%.1f") << " jobs/s, ETA "
       << (at(progress, "eta_s").IsNumber() ? duration(at(progress, "eta_s").GetDouble()) : "-")

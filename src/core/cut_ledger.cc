@@ -109,7 +109,7 @@ uint64_t CutLedger::complete(Cut& cut, RunProgress progress, TimeMs now) {
       job.expired.clear();
     }
     std::sort(in_flight.begin(), in_flight.end());
-    e.requeue.insert(e.requeue.begin(), in_flight.begin(), in_flight.end());
+    e.requeue.insert_front(in_flight);
     e.leased = 0;
   }
   cut.saved = std::move(progress);
@@ -233,7 +233,7 @@ std::string CutLedger::broken_promise(const Cut& cut, const RunProgress& p) cons
     }
     open += 1;
     if (e.requeue.size() != e.active.size()) return epoch + " has active jobs not queued again";
-    for (uint64_t position : e.requeue) {
+    for (uint64_t position : e.requeue.positions()) {
       if (e.active.count(position) == 0) return epoch + " queues a job that is not active";
     }
     for (const auto& [position, job] : e.active) {

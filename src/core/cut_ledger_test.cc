@@ -93,8 +93,7 @@ TEST(CutLedger, ACutCompletesOnceEveryRankGaveItsShare) {
   // No lease survives: the job in flight is queued again, ahead of the one handed back.
   EXPECT_EQ(e.leased, 0u);
   EXPECT_EQ(e.active.at(1).live, 0u);
-  EXPECT_EQ(std::vector<uint64_t>(e.requeue.begin(), e.requeue.end()),
-            (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(e.requeue.positions(), (std::vector<uint64_t>{1, 2}));
   // The share's batches are trained, and its report is in the aggregates: (2*30 + 1*20) / 50.
   EXPECT_EQ(e.trained, (std::map<uint64_t, uint64_t>{{1, 2}}));
   EXPECT_EQ(e.finite_jobs, 2u);

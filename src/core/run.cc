@@ -177,8 +177,9 @@ void Run::close_epoch(uint32_t slot) {
   // A closed epoch keeps its figures, not its tracking: hand back the hash table's buckets
   // (sized for the jobs in flight), or a week-long run would hold them for every epoch.
   std::unordered_map<uint64_t, Epoch::ActiveJob>().swap(e.active);
-  std::deque<uint64_t>().swap(e.requeue);
+  e.requeue.release_memory();
   e.cost_plan.reset();  // (O(samples); rebuilt if asked for)
+  e.fixed_steps.reset();
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.6g", e.loss);
   emit(EventKind::kEpochClosed, std::string(set_name(e.plan.set)) + " epoch " +
@@ -434,7 +435,8 @@ Job Run::job_of(LeaseId id) const {
     return out;
   }
   if (e.steps()) {
-    const StepLayout layout = layout_of(e);
+    const std::shared_ptr<const Epoch::FixedSteps> fixed = fixed_steps_of(e);
+    const StepLayout& layout = fixed->layout;
     const uint64_t slot = l.position - e.step_base;
     out.step_mode = true;
     out.rank = static_cast<uint32_t>(slot % e.ranks);
@@ -444,13 +446,12 @@ Job Run::job_of(LeaseId id) const {
     out.positions = BatchSpan{0, 1};
     std::vector<uint64_t> places;
     layout.batch(out.step, out.rank, &places);
-    const EpochSegment segment(e.segment);
     const SampleOrder order(
         set_samples(e.plan.set), 1, config_.seed, e.plan.set,
         config_.order == BatchOrder::kShuffled ? SampleShuffle::kEpoch : SampleShuffle::kNone);
+    for (uint64_t& place : places) place = fixed->segment.position(place);
     out.samples.reserve(places.size());
-    for (uint64_t place : places)
-      out.samples.push_back(order.at(e.plan.epoch, segment.position(place)));
+    order.at_each(e.plan.epoch, places, &out.samples);
     return out;
   }
   out.positions = job_batches(e.set_batches, plan_.batches_per_job, l.position);
@@ -466,9 +467,21 @@ uint64_t Run::set_samples(SetKind set) const {
   return set == SetKind::kTrain ? config_.train_samples : config_.dev_samples;
 }
 
-StepLayout Run::layout_of(const Epoch& e) const {
-  return StepLayout(EpochSegment(e.segment).places(), config_.batch_size, e.ranks);
+// Built once per layout, not per hand-out: the tail of a layout is planned whole (O(W·B)), and
+// a segment of many runs (a restore at another world size) indexes them (O(runs)). Measured with
+// core_bench's BM_StepCycle (docs/PERFORMANCE.md, "Step mode: the coordinator's own cost").
+std::shared_ptr<const Epoch::FixedSteps> Run::fixed_steps_of(const Epoch& e) const {
+  TC_ASSERT(e.steps() && !config_.cost_balanced());
+  if (!e.fixed_steps) {
+    EpochSegment segment(e.segment);
+    StepLayout layout(segment.places(), config_.batch_size, e.ranks);
+    e.fixed_steps = std::make_shared<const Epoch::FixedSteps>(
+        Epoch::FixedSteps{std::move(layout), std::move(segment)});
+  }
+  return e.fixed_steps;
 }
+
+const StepLayout& Run::layout_of(const Epoch& e) const { return fixed_steps_of(e)->layout; }
 
 const std::vector<double>& Run::lengths_of(SetKind set) const {
   return set == SetKind::kTrain ? config_.train_lengths : config_.dev_lengths;
@@ -559,6 +572,16 @@ void Run::report_batch_time(const Epoch& e, uint64_t position, double seconds) {
   (void)cost_model_->report(rank, batch.shape(), seconds);
 }
 
+void Run::note_pace(const Epoch& e, uint64_t position, const Completion& completion) {
+  if (!e.steps() || e.plan.set != SetKind::kTrain || position < e.step_base) return;
+  if (!(completion.seconds > 0) || !std::isfinite(completion.seconds)) return;
+  if (pace_.size() != e.ranks) pace_.assign(e.ranks, RankPace{});
+  RankPace& p = pace_[(position - e.step_base) % e.ranks];
+  p.batches += 1;
+  p.samples += completion.samples;
+  p.seconds += completion.seconds;
+}
+
 void Run::lay_out(Epoch& e, uint32_t ranks) {
   TC_ASSERT(e.leased == 0 && ranks > 0);
   if (config_.cost_balanced()) {
@@ -570,10 +593,10 @@ void Run::lay_out(Epoch& e, uint32_t ranks) {
       // job is queued again: no lease lives) and the steps it never handed out.
       TC_ASSERT(e.active.size() == e.requeue.size());
       std::vector<uint64_t> samples;
-      for (uint64_t job : e.requeue) {
+      e.requeue.for_each([&](uint64_t job) {
         const uint64_t slot = job - e.step_base;
         step_batch(e, slot / e.ranks, static_cast<uint32_t>(slot % e.ranks), &samples);
-      }
+      });
       const uint64_t steps = steps_of(e);
       for (uint64_t step = (e.cursor - e.step_base) / e.ranks; step < steps; ++step) {
         for (uint32_t r = 0; r < e.ranks; ++r) step_batch(e, step, r, &samples);
@@ -587,6 +610,7 @@ void Run::lay_out(Epoch& e, uint32_t ranks) {
     freeze_cost(e);
     e.cost_plan.reset();
     e.step_base = e.plan.first_job + e.resolved();
+    e.requeue.by_rank(e.step_base, ranks);
     e.cursor = e.step_base;
     e.plan.end_job = e.step_base + steps_of(e) * ranks;
     return;
@@ -598,13 +622,15 @@ void Run::lay_out(Epoch& e, uint32_t ranks) {
     // What the layout before left: the batches given back (every active job is queued again:
     // no lease lives) and the steps it never handed out, as runs of the epoch's positions.
     TC_ASSERT(e.active.size() == e.requeue.size());
-    const StepLayout before = layout_of(e);
-    const EpochSegment segment(e.segment);
+    // (The cached layout before, kept alive here: e.fixed_steps is dropped below.)
+    const std::shared_ptr<const Epoch::FixedSteps> cached = fixed_steps_of(e);
+    const StepLayout& before = cached->layout;
+    const EpochSegment& segment = cached->segment;
     std::vector<uint64_t> places;
-    for (uint64_t job : e.requeue) {
+    e.requeue.for_each([&](uint64_t job) {
       const uint64_t slot = job - e.step_base;
       before.batch(slot / e.ranks, static_cast<uint32_t>(slot % e.ranks), &places);
-    }
+    });
     const uint64_t step = (e.cursor - e.step_base) / e.ranks;
     const uint64_t rest = before.first_place_from(step, &places);
     std::vector<PositionRun> runs;
@@ -619,7 +645,9 @@ void Run::lay_out(Epoch& e, uint32_t ranks) {
     e.trained.clear();
   }
   e.ranks = ranks;
+  e.fixed_steps.reset();
   e.step_base = e.plan.first_job + e.resolved();
+  e.requeue.by_rank(e.step_base, ranks);
   e.cursor = e.step_base;
   e.plan.end_job = e.step_base + layout_of(e).steps() * ranks;
 }
@@ -636,16 +664,9 @@ bool Run::take_step_job(WorkerId worker, Job* out) {
       if (e.leased > 0) continue;
       lay_out(e, group_ranks_);
     }
-    auto mine = e.requeue.end();
-    for (auto it = e.requeue.begin(); it != e.requeue.end(); ++it) {
-      if ((*it - e.step_base) % e.ranks == rank && (mine == e.requeue.end() || *it < *mine)) {
-        mine = it;
-      }
-    }
     uint64_t position;
-    if (mine != e.requeue.end()) {
+    if (const std::optional<uint64_t> mine = e.requeue.take_of_rank(rank)) {
       position = *mine;
-      e.requeue.erase(mine);
     } else if (e.cursor < e.plan.end_job) {
       const uint64_t first = e.cursor;
       e.cursor += e.ranks;
@@ -846,8 +867,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   if (job->second.live != 0 && job->second.live != lease) {
     resolve(leases_.find(job->second.live), CompletionOutcome::kSuperseded);
   } else if (job->second.live == 0) {
-    auto queued = std::find(e.requeue.begin(), e.requeue.end(), position);
-    if (queued != e.requeue.end()) e.requeue.erase(queued);
+    (void)e.requeue.erase(position);
   }
   for (LeaseId other : job->second.expired) {
     resolve(leases_.find(other), CompletionOutcome::kSuperseded);
@@ -855,6 +875,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   e.active.erase(job);
   e.trained.erase(position);
   report_batch_time(e, position, completion.seconds);
+  note_pace(e, position, completion);
   count_completion(e, completion);
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;
@@ -1277,8 +1298,7 @@ Result<Restored> Run::restore(std::string_view group, std::optional<uint64_t> cu
       });
       if (e == epochs_.end()) return true;
       const bool resolved =
-          c.job < e->cursor && !e->active.contains(c.job) &&
-          std::find(e->requeue.begin(), e->requeue.end(), c.job) == e->requeue.end();
+          c.job < e->cursor && !e->active.contains(c.job) && !e->requeue.contains(c.job);
       const bool failed =
           std::find(e->failed_jobs.begin(), e->failed_jobs.end(), c.job) != e->failed_jobs.end();
       return !resolved || failed;

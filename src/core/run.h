@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -157,6 +158,16 @@ struct RecentCompletion {
   WorkerId worker = 0;  // who completed it (its position in Run::workers())
 };
 
+// Step mode: what one rank's train batches took, by the batch times it reported
+// (Completion::seconds), since the group of the current world size began.
+struct RankPace {
+  uint64_t batches = 0;
+  uint64_t samples = 0;  // the samples its completions reported
+  double seconds = 0;
+  // Samples per second of its own batch time; 0 before any time was reported.
+  double samples_per_s() const { return seconds > 0 ? static_cast<double>(samples) / seconds : 0; }
+};
+
 // ---- groups and checkpoint cuts (core/cut_ledger.h: the cuts themselves) ----
 
 struct Restored {
@@ -296,6 +307,10 @@ class Run {
   // size starts a new model); null before any report. The next epoch laid out is planned with
   // it once fitted (its cost and speeds frozen into the epoch).
   const CostModel* cost_model() const { return cost_model_ ? &*cost_model_ : nullptr; }
+  // Step mode: each rank's pace (RankPace), one per rank of the world size of the latest
+  // report; empty before any. Not saved in snapshots: a restart (or a replay from a snapshot)
+  // starts it afresh, as recent_completions().
+  const std::vector<RankPace>& rank_pace() const { return pace_; }
   // The steps of a cost-balanced step-mode epoch. REQUIRES: e is one of epochs() (or of a
   // cut's), laid out (e.steps()), and the run is cost-balanced.
   const StepPlan& cost_plan(const Epoch& e) const;
@@ -344,7 +359,9 @@ class Run {
   // Lays the epoch out in steps for `ranks` ranks: all of it, or what an earlier layout left
   // (its jobs given back, and its steps never handed out). REQUIRES: no live lease in it.
   void lay_out(Epoch& e, uint32_t ranks);
-  StepLayout layout_of(const Epoch& e) const;
+  // Fixed-batch step mode: the epoch's layout and segment, cached in it (Epoch::fixed_steps).
+  std::shared_ptr<const Epoch::FixedSteps> fixed_steps_of(const Epoch& e) const;
+  const StepLayout& layout_of(const Epoch& e) const;
   // The number of steps of a laid-out epoch, either kind of step mode.
   uint64_t steps_of(const Epoch& e) const;
   // Appends the sample indices of rank `rank`'s batch of step `step` of a laid-out epoch.
@@ -355,6 +372,7 @@ class Run {
   StepPlanConfig step_config(const Epoch& e) const;
   const std::vector<double>& lengths_of(SetKind set) const;
   void report_batch_time(const Epoch& e, uint64_t position, double seconds);
+  void note_pace(const Epoch& e, uint64_t position, const Completion& completion);
   uint64_t set_samples(SetKind set) const;
   uint32_t ranks_of_group(std::string_view group, std::string_view except = {}) const;
   Job hand_out(WorkerId worker, uint32_t epoch_slot, uint64_t position);
@@ -418,6 +436,7 @@ class Run {
   uint32_t group_ranks_ = 0;             // step mode: the world size of group_ (0: unknown)
   CutLedger cuts_;                       // complete cuts, and the pending ones of group_
   std::optional<CostModel> cost_model_;  // cost-balanced step mode (cost_model())
+  std::vector<RankPace> pace_;           // step mode (rank_pace())
   Rendezvous rendezvous_;
 
  public:

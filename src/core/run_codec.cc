@@ -229,7 +229,7 @@ void encode_progress(Writer& w, const ProgressRef& p) {
     w.u64(e.next_index);
     w.u64(e.cursor);
     w.u64(e.requeue.size());
-    for (uint64_t p : e.requeue) w.u64(p);
+    e.requeue.for_each([&](uint64_t p) { w.u64(p); });
     // Hash maps iterate in no fixed order: sort, so that equal states save equal bytes.
     std::vector<uint64_t> positions;
     positions.reserve(e.active.size());
@@ -458,7 +458,7 @@ std::string RunCodec::inconsistency(const Run& run) {
     if (std::string broken = step_layout_inconsistency(run, e); !broken.empty()) {
       return epoch + broken;
     }
-    for (uint64_t position : e.requeue) {
+    for (uint64_t position : e.requeue.positions()) {
       if (!in_plan(position)) return epoch + " requeues a job outside its jobs";
     }
     for (const auto& [position, job] : e.active) {
@@ -897,6 +897,21 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     };
     load_layouts(run->epochs_);
     for (Cut& cut : run->cuts_.cuts_) load_layouts(cut.saved.epochs);
+    // A laid-out epoch's queue is keyed by rank (in the order saved: the line is kept).
+    // (A job queued twice is damage, said so here: a keyed queue holds each position once.)
+    auto key_queues = [&](std::vector<Epoch>& epochs) {
+      for (Epoch& e : epochs) {
+        if (e.ranks == 0 || e.ranks > (1u << 20)) continue;
+        std::vector<uint64_t> queued = e.requeue.positions();
+        std::sort(queued.begin(), queued.end());
+        if (std::adjacent_find(queued.begin(), queued.end()) != queued.end()) return false;
+        e.requeue.by_rank(e.step_base, e.ranks);
+      }
+      return true;
+    };
+    bool queues_ok = key_queues(run->epochs_);
+    for (Cut& cut : run->cuts_.cuts_) queues_ok = queues_ok && key_queues(cut.saved.epochs);
+    if (!queues_ok) return corrupt("inconsistent: a step-mode epoch queues a job twice");
   }
   if (format >= 9) {
     auto load_frozen = [&](std::vector<Epoch>& epochs) {

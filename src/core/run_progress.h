@@ -9,9 +9,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -40,6 +42,71 @@ struct Completion {
   // The batch's time in seconds (0: not reported). Cost-balanced step mode fits its cost model
   // from these (core/cost_model.h); other runs ignore it.
   double seconds = 0;
+};
+
+// The jobs of an epoch handed back (or, in step mode, open for their rank), in line: a deque
+// whose order is part of the run's state (snapshots save it as it is). Job mode hands out from
+// the front. Step mode (keyed by rank: by_rank(base, W)) hands rank r the earliest position
+// queued for it (rank = (position − base) mod W), which a scan of the line found in O(n) divisions
+// per acquire; keyed, each entry also sits in an ordered index by (rank, position), and in a map
+// from its place in line, so that taking rank r's earliest, and removing any position, cost
+// O(log n) while the line keeps its order (and the snapshot its bytes).
+class JobQueue {
+ public:
+  bool empty() const { return size() == 0; }
+  size_t size() const { return keyed() ? line_.size() : deque_.size(); }
+  void push_front(uint64_t position);
+  void push_back(uint64_t position);
+  // Job mode (not keyed) only: the first in line. REQUIRES: !empty().
+  uint64_t front() const;
+  void pop_front();
+  void pop_back();
+  // Puts `positions` first in line, in their order.
+  void insert_front(const std::vector<uint64_t>& positions);
+  // Removes `position` if queued; returns whether it was.
+  bool erase(uint64_t position);
+  bool contains(uint64_t position) const;
+  void clear();
+  // Hands back the memory too (a closed epoch keeps no tracking).
+  void release_memory();
+  // The positions in line, first to last.
+  std::vector<uint64_t> positions() const;
+  template <typename F>
+  void for_each(F&& f) const {
+    if (keyed()) {
+      for (const auto& [place, position] : line_) f(position);
+    } else {
+      for (uint64_t position : deque_) f(position);
+    }
+  }
+  // Step mode: from now on keyed by rank for a layout of `ranks` ranks from job `base` (the
+  // entries queued are keyed anew); ranks 0: back to a plain line.
+  void by_rank(uint64_t base, uint32_t ranks);
+  bool keyed() const { return ranks_ > 0; }
+  // Keyed: removes and returns the earliest position queued for `rank` (nullopt: none).
+  std::optional<uint64_t> take_of_rank(uint32_t rank);
+
+ private:
+  uint32_t rank_of(uint64_t position) const {
+    return static_cast<uint32_t>((position - base_) % ranks_);
+  }
+  std::deque<uint64_t> deque_;  // not keyed
+  // Keyed: the line (place -> position: places fall toward the front, grow toward the back),
+  // each position's place, and the index by rank.
+  std::map<int64_t, uint64_t> line_;
+  std::unordered_map<uint64_t, int64_t> place_of_;
+  std::set<std::pair<uint32_t, uint64_t>> of_rank_;
+  int64_t front_place_ = 0, back_place_ = 0;  // the next place at each end
+  uint64_t base_ = 0;
+  uint32_t ranks_ = 0;
+};
+
+// A step-mode epoch's steps as they stand (Epoch::step_counts).
+struct StepCounts {
+  uint64_t planned = 0;            // steps of its layout (since step_base)
+  uint64_t done = 0;               // steps whose every batch is resolved (done or failed)
+  uint64_t batches_in_flight = 0;  // batches under a live lease
+  uint64_t batches_queued = 0;     // batches open for their rank: given back, or of a step begun
 };
 
 // One epoch of one set, as opened by the run.
@@ -92,8 +159,8 @@ struct Epoch {
     LeaseId live = 0;              // its live lease, or 0
     std::vector<LeaseId> expired;  // expired leases whose late completion may still win
   };
-  uint64_t cursor = 0;           // next position never handed out
-  std::deque<uint64_t> requeue;  // positions handed back, re-handed from the front
+  uint64_t cursor = 0;  // next position never handed out
+  JobQueue requeue;     // positions handed back, re-handed from the front (step mode: by rank)
   std::unordered_map<uint64_t, ActiveJob> active;
   // Jobs partly trained before a restore: position -> batches of the job already in the model
   // (and in the aggregates above). A hand-out of such a job covers only the batches after them.
@@ -111,6 +178,8 @@ struct Epoch {
   uint64_t step_base = 0;
   std::vector<PositionRun> segment;
   bool steps() const { return ranks > 0; }
+  // The counts of its layout's steps; all 0 when not laid out. O(jobs in flight).
+  StepCounts step_counts() const;
   // Cost-balanced step mode (RunConfig::cost_balanced): `segment` holds sample indices (the
   // samples the layout covers) rather than positions, and the steps are plan_epoch_steps's (or
   // plan_rest_of_epoch's, for a segment short of the whole set) with the cost and speeds below,
@@ -120,6 +189,14 @@ struct Epoch {
   BatchCost plan_cost{0, 0, 0};
   std::vector<double> plan_speeds;  // one per rank, or empty: every rank alike
   mutable std::shared_ptr<const StepPlan> cost_plan;
+  // Fixed-batch step mode: the layout of `segment` for `ranks` ranks and the segment's index, a
+  // pure function of them and the run's batch size. Cached (never saved; Run::fixed_steps_of
+  // builds it) and dropped wherever they change (Run::lay_out) or the epoch closes.
+  struct FixedSteps {
+    StepLayout layout;
+    EpochSegment segment;
+  };
+  mutable std::shared_ptr<const FixedSteps> fixed_steps;
 };
 
 // The part of a run's state a cut saves and a restore puts back: what was trained (epochs and

@@ -59,6 +59,22 @@ uint64_t SampleOrder::at(int64_t epoch, uint64_t position) const {
   return permute(round_keys(epoch), position);
 }
 
+void SampleOrder::at_each(int64_t epoch, std::span<const uint64_t> positions,
+                          std::vector<uint64_t>* out) const {
+  if (shuffle_ == SampleShuffle::kNone) {
+    for (uint64_t p : positions) {
+      TC_ASSERT(p < samples_);
+      out->push_back(p);
+    }
+    return;
+  }
+  const Keys keys = round_keys(epoch);
+  for (uint64_t p : positions) {
+    TC_ASSERT(p < samples_);
+    out->push_back(permute(keys, p));
+  }
+}
+
 void SampleOrder::batch(int64_t epoch, uint64_t batch, std::vector<uint64_t>* out) const {
   TC_ASSERT(batch < batches());
   const uint64_t begin = batch * batch_size_;

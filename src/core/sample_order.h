@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/plan.h"
@@ -28,6 +29,9 @@ class SampleOrder {
 
   // The sample at position `position` of epoch `epoch`'s order. REQUIRES: position < samples.
   uint64_t at(int64_t epoch, uint64_t position) const;
+  // Appends at(epoch, p) for each p of `positions` to `out` (the epoch's keys derived once).
+  void at_each(int64_t epoch, std::span<const uint64_t> positions,
+               std::vector<uint64_t>* out) const;
   // Appends the samples of batch `batch` of epoch `epoch` to `out`. REQUIRES: batch < batches().
   void batch(int64_t epoch, uint64_t batch, std::vector<uint64_t>* out) const;
 

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -41,10 +43,10 @@ std::vector<uint64_t> epoch_order(const StepPlanConfig& config, uint64_t samples
   order.reserve(all ? samples : untrained.size());
   if (samples == 0) return order;
   const SampleOrder permutation(samples, 1, config.seed, config.set, SampleShuffle::kEpoch);
-  for (uint64_t p = 0; p < samples; ++p) {
-    const uint64_t s = permutation.at(epoch, p);
-    if (all || wanted[s]) order.push_back(s);
-  }
+  std::vector<uint64_t> positions(samples);
+  std::iota(positions.begin(), positions.end(), uint64_t{0});
+  permutation.at_each(epoch, positions, &order);  // (the epoch's keys derived once)
+  if (!all) std::erase_if(order, [&](uint64_t s) { return !wanted[s]; });
   return order;
 }
 
@@ -137,6 +139,53 @@ void plan_fixed(const StepPlanConfig& config, const std::vector<uint64_t>& order
   }
 }
 
+// A sample of a step's pool, its length and bucket beside it: the sort compares in place instead
+// of looking each length up, and a sample goes back to the bucket it came from without a search.
+struct Pooled {
+  double length;
+  uint64_t sample;
+  size_t bucket;
+};
+
+bool longer_first(const Pooled& x, const Pooled& y) {  // a total order: samples are distinct
+  return x.length != y.length ? x.length > y.length : x.sample < y.sample;
+}
+
+// Sorts a pool longest first. The order is total, so any sort gives the same pool; this one uses
+// what is sorted already. A pool is mostly what the step before did not take (it went back to
+// its buckets' fronts in this order and comes back first; of 20,000 samples planned for 8 ranks,
+// ~11 were pooled for each one taken), so its sorted runs of 32 or more are kept, the rest
+// sorted alone, and the runs merged in: O(P + r log r + P·k) for r loose samples and k runs,
+// instead of O(P log P). Planning 20,000 samples for 8 ranks spent half its time in std::sort
+// of the pools (bench/core_bench.cc, BM_OpenCostBalancedEpoch; docs/PERFORMANCE.md).
+void sort_pool(std::vector<Pooled>* pool, std::vector<Pooled>* loose, std::vector<Pooled>* merged) {
+  constexpr size_t kRun = 32;
+  std::vector<Pooled>& v = *pool;
+  loose->clear();
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i + 1;
+    while (j < v.size() && longer_first(v[j - 1], v[j])) ++j;
+    if (j - i >= kRun) {
+      runs.emplace_back(i, j);
+    } else {
+      loose->insert(loose->end(), v.begin() + static_cast<std::ptrdiff_t>(i),
+                    v.begin() + static_cast<std::ptrdiff_t>(j));
+    }
+    i = j;
+  }
+  if (runs.size() == 1 && loose->empty()) return;
+  std::sort(loose->begin(), loose->end(), longer_first);
+  for (const auto& [begin, end] : runs) {
+    merged->clear();
+    std::merge(loose->begin(), loose->end(), v.begin() + static_cast<std::ptrdiff_t>(begin),
+               v.begin() + static_cast<std::ptrdiff_t>(end), std::back_inserter(*merged),
+               longer_first);
+    std::swap(*loose, *merged);
+  }
+  v.swap(*loose);
+}
+
 void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths,
                    const std::vector<double>& speeds, const std::vector<uint64_t>& order,
                    int64_t epoch, StepPlan* plan) {
@@ -180,9 +229,11 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
   // Either way a sample that fits no batch ends the deal: those after it are no longer, and a
   // batch of padded cost costs its longest for every sample. What the step does not take goes
   // back to its bucket, first in line.
+  std::vector<Pooled> pooled, loose, merged;
   std::vector<uint64_t> pool;
   auto shared_bucket_step = [&](size_t first, Step* step) {
     pool.clear();
+    pooled.clear();
     double shortest = std::numeric_limits<double>::infinity();
     auto most = [&]() {  // the most samples of length >= shortest the step can take
       const double each = config.cost.padded({1, shortest}) - config.cost.a;
@@ -194,6 +245,7 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
       }
       return fit >= 1e18 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(fit);
     };
+    uint64_t limit = most();
     for (size_t d = 0; left > 0 && d < 2 * bucket.size(); ++d) {
       // d = 0: first; then first − 1, first + 1, first − 2, ...
       const size_t step_of = (d + 1) / 2;
@@ -205,17 +257,20 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
         b = first + step_of;
         if (b >= bucket.size()) continue;
       }
-      while (remaining(b) > 0 && pool.size() <= most()) {
+      // (most() depends on the shortest length alone: computed again only when it falls.)
+      while (remaining(b) > 0 && pooled.size() <= limit) {
         const uint64_t s = bucket[b][cursor[b]++];
         --left;
-        pool.push_back(s);
-        shortest = std::min(shortest, lengths[s]);
+        pooled.push_back({lengths[s], s, b});
+        if (lengths[s] < shortest) {
+          shortest = lengths[s];
+          limit = most();
+        }
       }
-      if (pool.size() > most()) break;
+      if (pooled.size() > limit) break;
     }
-    std::sort(pool.begin(), pool.end(), [&](uint64_t x, uint64_t y) {
-      return lengths[x] != lengths[y] ? lengths[x] > lengths[y] : x < y;
-    });
+    sort_pool(&pooled, &loose, &merged);
+    for (const Pooled& p : pooled) pool.push_back(p.sample);
     auto deal = [&](bool runs, std::vector<RankBatch>* batches) {
       batches->assign(w, RankBatch{});
       std::fill(n.begin(), n.end(), 0);
@@ -258,7 +313,7 @@ void plan_balanced(const StepPlanConfig& config, std::span<const double> lengths
     step->batches = runs ? std::move(in_runs) : std::move(least_time);
     const size_t taken = runs ? runs_taken : least_taken;
     for (size_t i = pool.size(); i-- > taken;) {  // back to their buckets, first in line
-      const size_t b = buckets.bucket_of(lengths[pool[i]]);
+      const size_t b = pooled[i].bucket;
       TC_ASSERT(cursor[b] > 0);
       bucket[b][--cursor[b]] = pool[i];
       ++left;
@@ -461,6 +516,30 @@ StepPlan plan_rest_of_epoch(const StepPlanConfig& config, uint64_t samples,
                             std::span<const double> lengths, int64_t epoch,
                             std::span<const uint64_t> untrained) {
   return plan(config, samples, lengths, epoch, untrained, false);
+}
+
+PlanFigures predicted_figures(const StepPlan& plan, const BatchCost& cost,
+                              std::span<const double> lengths) {
+  PlanFigures out;
+  double ratios = 0, useful = 0, padded = 0;
+  uint64_t timed = 0;
+  for (const Step& step : plan.steps) {
+    double slowest = 0, sum = 0;
+    for (const RankBatch& b : step.batches) {
+      slowest = std::max(slowest, b.predicted);
+      sum += b.predicted;
+      if (b.samples.empty()) continue;
+      padded += cost.padded(b.shape()) - cost.a;
+      for (uint64_t s : b.samples) useful += cost.sample(lengths[s]);
+    }
+    if (sum > 0) {
+      ratios += slowest * static_cast<double>(step.batches.size()) / sum;
+      ++timed;
+    }
+  }
+  if (timed > 0) out.straggling = ratios / static_cast<double>(timed);
+  if (padded > 0) out.padding = std::max(0.0, 1 - useful / padded);
+  return out;
 }
 
 StepLayout::StepLayout(uint64_t m, uint64_t b, uint32_t w) : m_(m), b_(b), w_(w) {

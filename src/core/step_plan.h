@@ -153,6 +153,19 @@ StepPlan plan_rest_of_epoch(const StepPlanConfig& config, uint64_t samples,
                             std::span<const double> lengths, int64_t epoch,
                             std::span<const uint64_t> untrained);
 
+// What a cost-balanced plan predicts (the figures of docs/PERFORMANCE.md, before any step is
+// timed): `straggling` S, the mean over its steps of the slowest batch's predicted time (speed ×
+// padded cost) ÷ the mean of the step's W batches' (1: every rank's batch takes as long; steps
+// of no predicted time are left out); `padding` P, 1 − the samples' own cost (BatchCost::sample)
+// ÷ the padded work computed (a batch's padded cost less its overhead a). With no step, S = 1
+// and P = 0. O(samples + steps · W).
+struct PlanFigures {
+  double straggling = 1;
+  double padding = 0;
+};
+PlanFigures predicted_figures(const StepPlan& plan, const BatchCost& cost,
+                              std::span<const double> lengths);
+
 // ---- the steps a run hands out (fixed batch size; core/run.h, step mode) ----
 
 // A run in step mode never holds a plan: an epoch's steps are a pure function of how many

@@ -304,5 +304,51 @@ TEST(StepPlanBuckets, BoundariesFollowTheLengthsAndStayWithinTheBucketLimit) {
   EXPECT_LE(fit_buckets(lengths, {0.5, 1, 0.05}, 400, o).upper.size(), 10u);
 }
 
+// The plans are never stored: a run restarted by a newer coordinator plans its open epochs again
+// and must get the same batches, or the jobs in flight would name other samples. These hashes
+// were computed by the planner before its speed-up (session 38: the pool sorted with its lengths,
+// the step's limit computed once per shortest length); a change of the planner's output must
+// change them knowingly (and version what it breaks).
+uint64_t plan_hash(const StepPlan& plan) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the plan's shape and samples
+  auto mix = [&](uint64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (x >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  };
+  mix(plan.steps.size());
+  mix(plan.buckets);
+  for (const Step& s : plan.steps) {
+    for (const RankBatch& b : s.batches) {
+      mix(b.samples.size());
+      for (uint64_t x : b.samples) mix(x);
+    }
+  }
+  return h;
+}
+
+TEST(StepPlanGolden, TheSameInputsGiveTheSamePlansAsBeforeTheSpeedUp) {
+  std::mt19937_64 rng(2024);
+  std::vector<double> len;
+  for (int i = 0; i < 20000; ++i) {
+    const double u = static_cast<double>(rng() % 10000) / 10000.0;
+    len.push_back(std::round(100 * (1 + 34 * u * u * u)) / 100);
+  }
+  StepPlanConfig c;
+  c.ranks = 8;
+  c.seed = 9;
+  c.batch_budget = 400;
+  c.cost = BatchCost{0.5, 1, 0.05};
+  c.speeds = {1, 1, 1, 1, 1, 1, 1, 2};
+  EXPECT_EQ(plan_hash(plan_epoch_steps(c, len.size(), len, 0)), 0x36eb22e4606d4721ULL);
+  EXPECT_EQ(plan_hash(plan_epoch_steps(c, len.size(), len, 3)), 0x9ecb71bbc1346e3cULL);
+  std::vector<uint64_t> rest;
+  for (uint64_t i = 0; i < len.size(); i += 3) rest.push_back(i);
+  c.ranks = 5;
+  c.speeds.clear();
+  EXPECT_EQ(plan_hash(plan_rest_of_epoch(c, len.size(), len, 1, rest)), 0x996932410b73ec5dULL);
+}
+
 }  // namespace
 }  // namespace traincoord

@@ -1,11 +1,160 @@
 #include "server/metrics_text.h"
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "server/metrics.h"
 #include "server/status_view.h"
 
 namespace traincoord {
+
+namespace {
+
+const Epoch* latest_laid_out(const Run& run, SetKind set) {
+  for (auto it = run.epochs().rbegin(); it != run.epochs().rend(); ++it) {
+    if (it->plan.set == set && it->steps()) return &*it;
+  }
+  return nullptr;
+}
+
+void step_metrics(const std::vector<const Run*>& runs, size_t ranks_shown, std::string& out) {
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  auto head = [&](const Family& f) {
+    out +=
+        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
+  };
+  auto series = [&](const char* name, const std::string& labels, double value) {
+    out += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
+  };
+  auto each_set = [&](const Family& f, auto&& emit) {
+    head(f);
+    for (const Run* run : runs) {
+      for (SetKind set : {SetKind::kTrain, SetKind::kDev}) {
+        const Epoch* e = latest_laid_out(*run, set);
+        if (!e) continue;
+        emit(*run, *e,
+             "run=\"" + prometheus_escape(run->config().name) + "\",set=\"" +
+                 std::string(set_name(set)) + "\"");
+      }
+    }
+  };
+  each_set({"traincoord_run_steps", "gauge",
+            "Steps of the latest epoch of each set laid out in steps: planned, and done (every "
+            "batch resolved)."},
+           [&](const Run&, const Epoch& e, const std::string& l) {
+             const StepCounts c = e.step_counts();
+             series("traincoord_run_steps", l + ",state=\"planned\"",
+                    static_cast<double>(c.planned));
+             series("traincoord_run_steps", l + ",state=\"done\"", static_cast<double>(c.done));
+           });
+  each_set({"traincoord_run_step_batches", "gauge",
+            "Batches of that epoch in play: under a live lease (in_flight), or open for their "
+            "rank (queued)."},
+           [&](const Run&, const Epoch& e, const std::string& l) {
+             const StepCounts c = e.step_counts();
+             series("traincoord_run_step_batches", l + ",state=\"in_flight\"",
+                    static_cast<double>(c.batches_in_flight));
+             series("traincoord_run_step_batches", l + ",state=\"queued\"",
+                    static_cast<double>(c.batches_queued));
+           });
+  each_set({"traincoord_run_step_planned_with_fitted", "gauge",
+            "Cost-balanced: 1 when that epoch was planned with the fitted cost model, 0 with the "
+            "declared cost."},
+           [&](const Run& r, const Epoch& e, const std::string& l) {
+             if (!r.config().cost_balanced()) return;
+             series("traincoord_run_step_planned_with_fitted", l, e.plan_speeds.empty() ? 0 : 1);
+           });
+  each_set({"traincoord_run_step_predicted_straggling", "gauge",
+            "Cost-balanced, open epochs: the mean over the plan's steps of its slowest batch's "
+            "predicted time over the mean batch's."},
+           [&](const Run& r, const Epoch& e, const std::string& l) {
+             if (!r.config().cost_balanced() || e.closed() || !e.cost_plan) return;
+             const auto& lengths =
+                 e.plan.set == SetKind::kTrain ? r.config().train_lengths : r.config().dev_lengths;
+             series("traincoord_run_step_predicted_straggling", l,
+                    predicted_figures(*e.cost_plan, e.plan_cost, lengths).straggling);
+           });
+  each_set({"traincoord_run_step_predicted_padding", "gauge",
+            "Cost-balanced, open epochs: 1 - the samples' own cost over the padded work the plan "
+            "computes."},
+           [&](const Run& r, const Epoch& e, const std::string& l) {
+             if (!r.config().cost_balanced() || e.closed() || !e.cost_plan) return;
+             const auto& lengths =
+                 e.plan.set == SetKind::kTrain ? r.config().train_lengths : r.config().dev_lengths;
+             series("traincoord_run_step_predicted_padding", l,
+                    predicted_figures(*e.cost_plan, e.plan_cost, lengths).padding);
+           });
+  auto each_model = [&](const Family& f, auto&& emit) {
+    head(f);
+    for (const Run* run : runs) {
+      if (const CostModel* m = run->cost_model()) {
+        emit(*m, "run=\"" + prometheus_escape(run->config().name) + "\"");
+      }
+    }
+  };
+  each_model({"traincoord_run_cost_model_reports", "gauge",
+              "Batch times the cost model is fitted from (since the world size last changed)."},
+             [&](const CostModel& m, const std::string& l) {
+               series("traincoord_run_cost_model_reports", l, static_cast<double>(m.reports()));
+             });
+  each_model({"traincoord_run_cost_model_fitted", "gauge", "1 once the cost model is fitted."},
+             [&](const CostModel& m, const std::string& l) {
+               series("traincoord_run_cost_model_fitted", l, m.fitted() ? 1 : 0);
+             });
+  each_model({"traincoord_run_cost_model_coefficient", "gauge",
+              "The fitted cost a + b*n*L + c*n*L^2 of a padded batch at speed 1, in seconds."},
+             [&](const CostModel& m, const std::string& l) {
+               if (!m.fitted()) return;
+               const BatchCost c = m.shared();
+               series("traincoord_run_cost_model_coefficient", l + ",term=\"a\"", c.a);
+               series("traincoord_run_cost_model_coefficient", l + ",term=\"b\"", c.b);
+               series("traincoord_run_cost_model_coefficient", l + ",term=\"c\"", c.c);
+             });
+  // Per rank, capped as workers are.
+  auto each_rank = [&](const Family& f, auto&& value, bool sum) {
+    head(f);
+    for (const Run* run : runs) {
+      const std::string l = "run=\"" + prometheus_escape(run->config().name) + "\"";
+      double other = 0;
+      bool any_other = false;
+      const size_t n = run->rank_pace().size();
+      for (size_t r = 0; r < n; ++r) {
+        const std::optional<double> v = value(*run, static_cast<uint32_t>(r));
+        if (!v) continue;
+        if (r < ranks_shown) {
+          series(f.name, l + ",rank=\"" + std::to_string(r) + "\"", *v);
+        } else {
+          other = any_other ? (sum ? other + *v : std::max(other, *v)) : *v;
+          any_other = true;
+        }
+      }
+      if (any_other) series(f.name, l + ",rank=\"_other\"", other);
+    }
+  };
+  each_rank(
+      {"traincoord_run_rank_speed", "gauge",
+       "The fitted time factor of each rank (1: the fastest; 2: twice as slow)."},
+      [](const Run& run, uint32_t r) -> std::optional<double> {
+        const CostModel* m = run.cost_model();
+        if (!m || !m->fitted() || m->ranks() != run.rank_pace().size()) return std::nullopt;
+        return m->speed(r);
+      },
+      false);
+  each_rank(
+      {"traincoord_run_rank_samples_per_second", "gauge",
+       "Samples per second of each rank's own reported batch times (train batches)."},
+      [](const Run& run, uint32_t r) -> std::optional<double> {
+        return run.rank_pace()[r].samples_per_s();
+      },
+      true);
+}
+
+}  // namespace
 
 std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t workers_per_run) {
   std::string out;
@@ -150,6 +299,14 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
            [&](const Run& r, const std::string& l) {
              series("traincoord_run_generation", l, static_cast<double>(r.generation()));
            });
+  // Step mode (docs/OBSERVABILITY.md, "Step mode"): only when a run hands out steps. Per set,
+  // its latest epoch laid out; per rank, the first `workers_per_run` ranks, the others summed
+  // (samples/s) or the slowest (speed) into rank="_other".
+  std::vector<const Run*> step_runs;
+  for (const Run* run : runs) {
+    if (run->config().mode == ScheduleMode::kSteps) step_runs.push_back(run);
+  }
+  if (!step_runs.empty()) step_metrics(step_runs, workers_per_run, out);
   // Per worker, capped: the first `workers_per_run` workers of a run by id get their own
   // series; the others are summed into worker="_other" (jobs) or take the largest age.
   auto each_worker = [&](const Family& f, auto&& value, bool sum) {

@@ -69,6 +69,75 @@ void write_cost_model(JsonWriter& j, const CostModel* model) {
   j.end_object();
 }
 
+void write_steps(JsonWriter& j, const Run& run) {
+  const RunConfig& config = run.config();
+  j.begin_object();
+  j.field("world_size", static_cast<uint64_t>(run.group_ranks()));
+  // Per set, its latest epoch laid out in steps (the current one while it is open).
+  j.key("sets").begin_array();
+  for (SetKind set : {SetKind::kTrain, SetKind::kDev}) {
+    const Epoch* latest = nullptr;
+    for (auto it = run.epochs().rbegin(); it != run.epochs().rend() && !latest; ++it) {
+      if (it->plan.set == set && it->steps()) latest = &*it;
+    }
+    if (!latest) continue;
+    const Epoch& e = *latest;
+    const StepCounts c = e.step_counts();
+    j.begin_object();
+    j.field("set", set_name(set));
+    j.field("epoch", e.plan.epoch);
+    j.field("closed", e.closed());
+    j.field("ranks", static_cast<uint64_t>(e.ranks));
+    j.field("planned", c.planned);
+    j.field("done", c.done);
+    j.field("batches_in_flight", c.batches_in_flight);
+    j.field("batches_queued", c.batches_queued);
+    j.key("planned_with");
+    if (config.cost_balanced()) {
+      j.value(e.plan_speeds.empty() ? "declared" : "fitted");
+    } else {
+      j.null();
+    }
+    // What the epoch's plan predicts, while it is at hand (an open epoch's plan is: its
+    // hand-outs use it; a status never plans an epoch to show it).
+    j.key("predicted");
+    if (config.cost_balanced() && !e.closed() && e.cost_plan) {
+      const PlanFigures f =
+          predicted_figures(*e.cost_plan, e.plan_cost,
+                            set == SetKind::kTrain ? config.train_lengths : config.dev_lengths);
+      j.begin_object();
+      j.field("straggling", f.straggling).field("padding", f.padding);
+      j.field("buckets", static_cast<uint64_t>(e.cost_plan->buckets));
+      j.end_object();
+    } else {
+      j.null();
+    }
+    j.end_object();
+  }
+  j.end_array();
+  // Each rank's pace (the first kRanksShown ranks), from the batch times it reported.
+  const std::vector<RankPace>& pace = run.rank_pace();
+  j.field("ranks_total", static_cast<uint64_t>(pace.size()));
+  j.key("ranks").begin_array();
+  const CostModel* model = run.cost_model();
+  for (size_t r = 0; r < pace.size() && r < kRanksShown; ++r) {
+    j.begin_object();
+    j.field("rank", static_cast<uint64_t>(r));
+    j.field("batches", pace[r].batches).field("samples", pace[r].samples);
+    j.field("seconds", pace[r].seconds);
+    j.field("samples_per_s", pace[r].samples_per_s());
+    j.key("speed");
+    if (model && model->ranks() == pace.size() && model->fitted()) {
+      j.value(model->speed(static_cast<uint32_t>(r)));
+    } else {
+      j.null();
+    }
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
 Progress progress_of(const Run& run, TimeMs now) {
   Progress p;
   p.planned = run.planned_jobs();
@@ -105,6 +174,8 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms)
     j.field("steps", (e.plan.end_job - e.step_base) / e.ranks);
     if (e.plan_cost.b + e.plan_cost.c > 0) {  // cost-balanced: what its steps were planned with
       j.key("planned_with").begin_object();
+      // The frozen speeds are the fitted model's; the declared cost comes with none.
+      j.field("source", e.plan_speeds.empty() ? "declared" : "fitted");
       j.field("model", e.plan_cost.describe());
       j.key("speeds").begin_array();
       for (double v : e.plan_speeds) j.value(v);
@@ -190,6 +261,10 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
   if (run.config().cost_balanced()) {
     j.key("cost_model");  // fitted from the batch times the ranks report
     write_cost_model(j, run.cost_model());
+  }
+  if (run.config().mode == ScheduleMode::kSteps) {
+    j.key("steps");  // the steps of each set's latest epoch, the ranks' pace
+    write_steps(j, run);
   }
 
   j.key("current");

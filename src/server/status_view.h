@@ -22,6 +22,8 @@ namespace traincoord {
 constexpr uint64_t kEpochsShown = 100;
 constexpr uint64_t kMaxEpochsShown = 1000;
 constexpr size_t kObservedShown = 100;
+// The ranks a step-mode status lists one by one (the run's `steps.ranks`).
+constexpr size_t kRanksShown = 64;
 
 // The run's jobs by state, and its pace since its first epoch opened.
 struct Progress {
@@ -32,6 +34,10 @@ struct Progress {
 
 Progress progress_of(const Run& run, TimeMs now);
 
+// A step-mode run's steps, as an object (the status's "steps"): per set, the steps of its latest
+// epoch laid out (planned, done, batches in flight and queued, what its plan was made with and
+// predicts), and each rank's pace (the first kRanksShown ranks).
+void write_steps(JsonWriter& j, const Run& run);
 // The run's config, as an object.
 void write_config(JsonWriter& j, const RunConfig& c);
 // One epoch, as an object (the status's "current" and "epochs", GET .../epochs). Its dates
