@@ -363,23 +363,49 @@ function drawCoordinator(c) {
   $("ha-facts").innerHTML = facts.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
 }
 
+// High availability, leadership per run (docs/HA.md "Leadership per run"): which coordinator
+// leads which run, under which term, and where each run's journal stands, from
+// /v1/coordinator's runs[]; hidden with one coordinator alone.
+function drawRunLeaders(c) {
+  const runs = c && c.mode === "ha" && Array.isArray(c.runs) ? c.runs : null;
+  $("ha-runs").hidden = !runs;
+  if (!runs) return;
+  const leaderOf = (r) => (r.role === "leader" ? `${text(r.leader)} (this coordinator)`
+    : r.leader ? `<a href="${text(r.leader)}/?run=${encodeURIComponent(r.run)}">${text(r.leader)}</a>`
+      : "none known (an election is due)");
+  $("ha-runs-table").innerHTML =
+    "<tr><th>run</th><th>leader</th><th>term</th><th>journal head</th><th>a takeover replays</th></tr>" +
+    runs.map((r) => `<tr data-run="${text(r.run)}" data-role="${text(r.role)}"><td>${text(r.run)}</td>` +
+      `<td class="leader">${leaderOf(r)}</td><td class="term">${r.term > 0 ? r.term : "–"}</td>` +
+      `<td>record ${r.head_seq} (etcd revision ${r.head_revision})</td><td>${r.replay_records} records</td></tr>`).join("");
+}
+
+// A run in the header: one led elsewhere (HA) links to its leader's dashboard.
+function runLink(r) {
+  if (r.led_here !== false) return `<a href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`;
+  if (!r.leader) return `<a class="muted" title="no leader known now" href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`;
+  return `<a title="led by ${text(r.leader)}" href="${text(r.leader)}/?run=${encodeURIComponent(r.run)}">${text(r.run)} ↗</a>`;
+}
+
 async function tick() {
   let coordinator = null;
   try {
     coordinator = await json("/v1/coordinator");
   } catch (e) { /* (an older coordinator has no such endpoint) */ }
   drawCoordinator(coordinator);
-  if (coordinator && coordinator.mode === "ha" && coordinator.role !== "leader") {
-    // A standby serves no run: its leader does.
-    $("progress-label").textContent = "this coordinator stands by: the runs are served by the leader above";
-    setTimeout(tick, 1000);
-    return;
-  }
+  drawRunLeaders(coordinator);
   try {
     const runs = (await json("/v1/runs")).runs;
-    $("runs").innerHTML = runs.map((r) => `<a href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`).join("");
-    if (!state.run && runs.length) state.run = runs[0].run;
-    if (state.run) {
+    $("runs").innerHTML = runs.map(runLink).join("");
+    if (!state.run && runs.length) state.run = (runs.find((r) => r.led_here !== false) || runs[0]).run;
+    const chosen = runs.find((r) => r.run === state.run);
+    if (chosen && chosen.led_here === false) {
+      // Another coordinator serves it (HA): say which, show nothing stale of it.
+      const standby = coordinator && coordinator.role !== "leader" ? "this coordinator stands by: " : "";
+      $("progress-label").innerHTML = `${standby}run ${text(chosen.run)} is served by ` + (chosen.leader
+        ? `its leader <a href="${text(chosen.leader)}/?run=${encodeURIComponent(chosen.run)}">${text(chosen.leader)}</a>`
+        : "its leader, once one is elected");
+    } else if (state.run) {
       // The status without its list of epochs (the history has them), then what changed.
       const status = await json(`/v1/runs/${encodeURIComponent(state.run)}?epochs=0`);
       const history = await fetchHistory(state.run);

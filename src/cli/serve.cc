@@ -19,7 +19,7 @@
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "core/run_codec.h"
-#include "journal/etcd_journal.h"
+#include "journal/etcd_options.h"
 #include "journal/etcd_run_journal.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
@@ -103,6 +103,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
     std::cerr << "traincoord: " << port.error().message << "\n";
     return exit_code::kFailed;
   }
+  // GET /v1/runs lists every run with its leader (docs/HA.md "Leadership per run").
+  server->post([&leadership](Coordinator& c) { c.api().set_leadership(&leadership); });
   if (args.advertise_url.empty()) {
     leadership.set_advertised_url(scheme + "://" + host + ":" + std::to_string(*port));
   }

@@ -9,7 +9,7 @@
 // one client per thread.
 //
 // A call that timed out may still have been applied: a txn retried on another member may find
-// its own earlier effect (callers that care make their txns recognise it; see etcd_journal.cc).
+// its own earlier effect (callers that care make their txns recognise it; see etcd_run_journal.cc).
 #pragma once
 
 #include <chrono>

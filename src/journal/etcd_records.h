@@ -1,6 +1,6 @@
-// How the journals in etcd (etcd_journal.h, per process; etcd_run_journal.h, per run) write
-// what they keep: run names in keys, record numbers in keys, the records of a log key and its
-// value (deflated), and reading a whole prefix.
+// How the journal in etcd (etcd_run_journal.h, leadership per run) writes what it keeps: run
+// names in keys, record numbers in keys, the records of a log key and its value (deflated), and
+// reading a whole prefix.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 
 namespace traincoord {
 
-using namespace etcd_records;  // NOLINT: the codec shared with the per-process journal
+using namespace etcd_records;  // NOLINT: the record codec
 
 namespace {
 

@@ -37,9 +37,9 @@
 // (another coordinator created it first). Nothing hands a run over while its leader lives (no
 // rebalancing): runs move only when their leader is lost or resigns.
 //
-// Migration: a prefix written by the per-process layout (etcd_journal.h: a PREFIX/head or
-// PREFIX/leader key) is refused with an error saying so; serve those runs with the per-process
-// layout, or start them under a new prefix.
+// Migration: a prefix written by the per-process layout of earlier versions (a PREFIX/head or
+// PREFIX/leader key) is refused with an error saying so; serve those runs with a version of
+// that layout, or start them under a new prefix.
 //
 // Threads: EtcdRunJournal is written by the commit thread (write) and fed by the engine thread
 // (add_*, take); lead()/forget() may come from any thread (its table of led runs has a lock).
@@ -57,7 +57,7 @@
 #include <vector>
 
 #include "journal/etcd_client.h"
-#include "journal/etcd_journal.h"
+#include "journal/etcd_options.h"
 #include "journal/journal.h"
 
 namespace traincoord {

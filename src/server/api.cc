@@ -5,6 +5,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 #include "json/duplicate_keys.h"
 #include "json/json_writer.h"
 #include "server/history_view.h"
+#include "server/leadership.h"
 #include "server/metrics.h"
 #include "server/metrics_text.h"
 #include "server/status_view.h"
@@ -874,7 +876,49 @@ Api::Request::Reply Api::Request::healthz(Request& r) {
   return ok(j);
 }
 
+namespace {
+
+// GET /v1/runs of a coordinator among several (docs/HA.md "Leadership per run"): every run of
+// the prefix, with its leader ("leader", null: none known), "term" and "led_here"; only a run
+// led here has its summary (this coordinator serves it; what it kept of another is stale).
+HttpReply ha_runs_list(const Leadership& leadership, const Engine& engine, TimeMs now) {
+  std::map<std::string, std::optional<Leadership::View>, std::less<>> runs;
+  for (auto& [name, view] : leadership.views()) runs[name] = std::move(view);
+  for (const Run* run : engine.runs()) runs.try_emplace(run->config().name, std::nullopt);
+  std::string out = R"({"runs":[)";
+  for (const auto& [name, view] : runs) {
+    const bool led = view && view->leading && engine.find(name);
+    JsonWriter ha;
+    ha.begin_object();
+    if (!led) ha.field("run", name);
+    ha.key("leader");
+    if (view && !view->leader.empty()) {
+      ha.value(view->leader);
+    } else {
+      ha.null();
+    }
+    ha.key("term").value(static_cast<long long>(view ? view->term : 0));
+    ha.field("led_here", led);
+    ha.end_object();
+    if (out.back() != '[') out += ',';
+    if (led) {
+      JsonWriter summary;
+      write_run_summary(summary, **engine.find(name), now);
+      std::string s = summary.take();
+      s.pop_back();  // (its closing brace: the leadership's fields go on in the same object)
+      out += s + "," + ha.str().substr(1);
+    } else {
+      out += ha.str();
+    }
+  }
+  out += "]}";
+  return HttpReply{200, std::move(out), {}, "application/json"};
+}
+
+}  // namespace
+
 Api::Request::Reply Api::Request::list_runs(Request& r) {
+  if (r.api.leadership_) return ha_runs_list(*r.api.leadership_, r.api.engine_, r.now);
   JsonWriter j;
   j.begin_object().key("runs").begin_array();
   for (const Run* run : r.api.engine_.runs()) write_run_summary(j, *run, r.now);

@@ -61,6 +61,8 @@ enum class Access {
 struct Endpoint;
 
 // What the durable store wants to hear from the API, beyond the log of requests.
+class Leadership;  // (server/leadership.h)
+
 class ApiObserver {
  public:
   virtual ~ApiObserver() = default;
@@ -158,6 +160,10 @@ class Api {
   // REQUIRES: `wall` outlives the Api.
   void set_wall_clock(const Clock* wall) { wall_ = wall; }
 
+  // High availability (docs/HA.md "Leadership per run"): who leads each run, which GET /v1/runs
+  // lists (null: one coordinator alone). REQUIRES: `leadership` outlives the Api.
+  void set_leadership(const Leadership* leadership) { leadership_ = leadership; }
+
   Engine& engine() { return engine_; }
 
  private:
@@ -172,7 +178,8 @@ class Api {
   Engine& engine_;
   const Clock& clock_;
   ApiObserver* observer_ = nullptr;
-  const Clock* wall_ = nullptr;  // (set_wall_clock)
+  const Clock* wall_ = nullptr;             // (set_wall_clock)
+  const Leadership* leadership_ = nullptr;  // (set_leadership)
   ApiLimits limits_;
   Effect effect_ = Effect::kNone;
   std::string journal_body_;

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "json/json_writer.h"
@@ -69,6 +70,19 @@ class Leadership {
       if (r.view.leading) names.push_back(name);
     }
     return names;
+  }
+
+  // Every run this coordinator knows of (etcd's, and those created here), by name, with who
+  // leads it as this coordinator knows it (GET /v1/runs in HA mode, docs/HA.md).
+  std::vector<std::pair<std::string, View>> views() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::pair<std::string, View>> all;
+    for (const auto& [name, r] : runs_) {
+      View v = r.view;
+      if (v.leading) v.leader = advertised_;
+      all.emplace_back(name, std::move(v));
+    }
+    return all;
   }
 
   // This coordinator leads `run` from now on, under `term` (0: created here, its term comes

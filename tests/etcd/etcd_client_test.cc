@@ -11,7 +11,7 @@
 #include "e2e/server_process.h"
 #include "etcd/etcd_cluster.h"
 #include "etcd/ha_http.h"
-#include "journal/etcd_journal.h"
+#include "journal/etcd_options.h"
 
 namespace traincoord {
 namespace {

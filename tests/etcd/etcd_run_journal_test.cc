@@ -1,12 +1,16 @@
 // Leadership per run against a real etcd (journal/etcd_run_journal.h): two coordinators each
 // lead a run of the same prefix; one is lost (its lease expires): only its run moves, byte for
-// byte, the other's leader and term stay; a refused write ends the leadership of its run alone;
-// the per-process layout is refused with a clear error.
+// byte, the other's leader and term stay; a refused write ends the leadership of its run alone
+// (nothing of it lands, and why names the new leader); the per-process layout is refused with a
+// clear error. What etcd holds: snapshots in chunks that cover and delete the records before
+// them, records deflated, and a bounded storage over a long run (compaction).
 #include "journal/etcd_run_journal.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
+
+#include <zlib.h>
 
 #include "core/run_codec.h"
 #include "etcd/etcd_cluster.h"
@@ -19,9 +23,10 @@ namespace {
 
 using testing::EtcdCluster;
 
-std::string config_json(const std::string& name) {
-  return R"({"name": ")" + name +
-         R"(", "data": {"train_batches": 40, "dev_batches": 3}, "schedule": {"epochs": 3,)"
+std::string config_json(const std::string& name, int train_batches = 40) {
+  return R"({"name": ")" + name + R"(", "data": {"train_batches": )" +
+         std::to_string(train_batches) +
+         R"(, "dev_batches": 3}, "schedule": {"epochs": 3,)"
          R"( "iters_per_worker": 1}, "leases": {"timeout": 5.0, "max_attempts": 100,)"
          R"( "on_job_failure": "skip"}, "early_stop": {"rule": "none"}})";
 }
@@ -54,6 +59,7 @@ class Coord {
     CoordinatorOptions o;
     o.leadership = &leadership_;
     coordinator_ = std::make_unique<Coordinator>(engine_, clock_, &journal_, o);
+    coordinator_->api().set_leadership(&leadership_);  // (as serve does)
   }
 
   // Reads who leads what in etcd, as serve does every 200 ms (until then every run request is
@@ -81,6 +87,7 @@ class Coord {
     for (auto& [run, why] : journal_.take_lost_runs()) {
       leadership_.step_down(run, why);
       lost.push_back(run);
+      lost_why.push_back(why);
     }
     for (Outgoing& o : w.replies) {
       if (o.generation != 0 && !leadership_.leads(o.run, o.generation)) continue;  // dropped
@@ -90,6 +97,10 @@ class Coord {
   }
   HttpReply post(const std::string& target, const std::string& body) {
     auto r = wave({HttpRequest{"POST", target, body, {}}});
+    return r.empty() ? HttpReply{0, {}, {}, {}, {}} : r[0];
+  }
+  HttpReply get(const std::string& target) {
+    auto r = wave({HttpRequest{"GET", target, {}, {}}});
     return r.empty() ? HttpReply{0, {}, {}, {}, {}} : r[0];
   }
 
@@ -123,7 +134,7 @@ class Coord {
   EtcdRunElection& election() { return election_; }
   EtcdRunJournal& journal() { return journal_; }
   Leadership& leadership() { return leadership_; }
-  std::vector<std::string> lost;
+  std::vector<std::string> lost, lost_why;
 
  private:
   ServerClock clock_;
@@ -175,6 +186,12 @@ int drive(Coord& c, ManualClock& wall, const std::string& run, int workers, int 
     wall.advance(7);
   }
   return accepted;
+}
+
+size_t keys_under(const EtcdCluster& cluster, const std::string& prefix) {
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  auto r = client.range(prefix, etcd::prefix_end(prefix), 0, true);
+  return r ? static_cast<size_t>(r->count) : 0;
 }
 
 const RunInEtcd* find_run(const RunsObservation& o, const std::string& run) {
@@ -263,6 +280,17 @@ TEST(EtcdRunLeadership, ALostCoordinatorMovesOnlyItsRunAndTheOtherKeepsItsLeader
   EXPECT_EQ(drive(a, wall, "x", 3, 1, &xi, &xl), 0);
   EXPECT_EQ(a.lost, std::vector<std::string>{"x"});
   EXPECT_TRUE(a.journal().runs().empty());
+  // a lists x no longer as its own (its engine keeps the run): no summary, not led here, and,
+  // once it has read etcd, b as its leader.
+  const std::string listed = a.get("/v1/runs").body;
+  EXPECT_NE(listed.find(R"({"run":"x","leader":null,"term":0,"led_here":false})"),
+            std::string::npos)
+      << listed;
+  a.sync();
+  const std::string relisted = a.get("/v1/runs").body;
+  EXPECT_NE(relisted.find(R"({"run":"x","leader":"http://b","term":)"), std::string::npos)
+      << relisted;
+  EXPECT_EQ(relisted.find(R"("state")"), std::string::npos) << relisted;
   // b goes on with both; y's leadership is the one it had.
   auto xi_b = xi;
   auto xl_b = xl;
@@ -312,6 +340,8 @@ TEST(EtcdRunLeadership, ARefusedWriteEndsTheLeadershipOfItsRunAlone) {
   ASSERT_EQ(replies.size(), 1u);  // x's reply dropped
   EXPECT_EQ(replies[0].status, 200) << replies[0].body;
   EXPECT_EQ(a.lost, std::vector<std::string>{"x"});
+  ASSERT_EQ(a.lost_why.size(), 1u);
+  EXPECT_NE(a.lost_why[0].find("http://thief"), std::string::npos) << a.lost_why[0];
   EXPECT_EQ(a.journal().runs(), std::vector<std::string>{"y"});
   auto after = a.election().observe();
   ASSERT_TRUE(after);
@@ -353,13 +383,125 @@ TEST(EtcdRunLeadership, APrefixOfThePerProcessLayoutIsRefusedSayingSo) {
   ASSERT_TRUE(cluster.started());
   const auto options = options_of(cluster);
   etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
-  ASSERT_TRUE(client.put("/rt/head", "3 120 5000"));  // as etcd_journal.h writes it
+  ASSERT_TRUE(client.put("/rt/head", "3 120 5000"));  // as the per-process layout wrote it
   EtcdRunElection election(options, "http://a", 60);
   auto joined = election.join();
   ASSERT_FALSE(joined);
   EXPECT_NE(joined.error().message.find("per-process layout"), std::string::npos)
       << joined.error().message;
   EXPECT_NE(joined.error().message.find("new prefix"), std::string::npos);
+}
+
+TEST(EtcdRunJournal, ParsesEtcdUrlsAndNamesWhatIsWrong) {
+  auto o = parse_etcd_url("etcd://a:1,b:2/runs/x/");
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->endpoints, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(o->prefix, "/runs/x");
+  EXPECT_EQ(parse_etcd_url("etcd://h:2379")->prefix, "/traincoord");
+  for (const char* bad : {"http://h:1", "etcd://", "etcd://h", "etcd://h:x", "etcd://h:1/"}) {
+    auto r = parse_etcd_url(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().field, "journal");
+    EXPECT_NE(r.error().message.find(bad), std::string::npos) << r.error().message;
+  }
+}
+
+// A run's snapshots go to etcd in chunks (several per txn, several txns) and delete the
+// records and chunks they cover; its records go deflated (fewer bytes per etcd write), and
+// records written plain are still read; a takeover brings the run back byte for byte.
+TEST(EtcdRunJournal, SnapshotsInChunksCoverTheRecordsWhichAreDeflated) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  auto options = options_of(cluster);
+  options.snapshot_every = 40;
+  options.chunk_bytes = 700;  // a snapshot in several chunks, in several txns
+  options.txn_bytes = 2000;
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60), b(wall, options, "http://b", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  std::vector<uint64_t> ids;
+  std::vector<std::optional<uint64_t>> leases;
+  ASSERT_GT(drive(a, wall, "x", 4, 62, &ids, &leases), 100);
+  EXPECT_TRUE(a.lost.empty());
+  const std::string state = a.state("x");
+  EXPECT_GT(a.journal().txns(), a.journal().writes());  // chunks and splits
+  // Snapshots covered and deleted the records before them; one generation of chunks is left.
+  EXPECT_LT(keys_under(cluster, "/rt/log/x/"), 40u);
+  const size_t chunks = keys_under(cluster, "/rt/chunk/x/");
+  EXPECT_GE(chunks, 2u);
+  EXPECT_LT(chunks, state.size() / 700 + 3);
+  // The records since the snapshot are deflated; written plain instead, they are read alike.
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  auto logs = client.range("/rt/log/x/", etcd::prefix_end("/rt/log/x/"));
+  ASSERT_TRUE(logs) << logs.error().message;
+  ASSERT_GE(logs->kvs.size(), 1u);
+  size_t packed = 0, plain = 0;
+  for (const auto& kv : logs->kvs) {
+    ASSERT_EQ(kv.value[0], 'Z') << kv.key;
+    const auto nl = kv.value.find('\n');
+    std::string raw(std::stoull(kv.value.substr(1, nl - 1)), '\0');
+    uLongf size = static_cast<uLongf>(raw.size());
+    ASSERT_EQ(uncompress(reinterpret_cast<Bytef*>(raw.data()), &size,
+                         reinterpret_cast<const Bytef*>(kv.value.data() + nl + 1),
+                         static_cast<uLong>(kv.value.size() - nl - 1)),
+              Z_OK);
+    ASSERT_EQ(size, raw.size());
+    packed += kv.value.size();
+    plain += raw.size();
+    ASSERT_TRUE(client.put(kv.key, raw));
+  }
+  EXPECT_LT(packed * 3, plain * 2) << packed << " bytes deflated, " << plain << " plain";
+  a.election().resign("x");
+  ASSERT_TRUE(b.take_over("x"));
+  EXPECT_EQ(b.state("x"), state);
+}
+
+// However long the run, etcd holds a bounded number of keys (snapshots delete what they cover)
+// and a bounded history (the journal compacts it every compact_every writes).
+TEST(EtcdRunJournal, CompactionKeepsEtcdStorageBoundedOverALongRun) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  auto options = options_of(cluster);
+  options.snapshot_every = 50;
+  options.chunk_bytes = EtcdJournalOptions{}.chunk_bytes;  // (a snapshot grows with the epoch)
+  options.compact_every = 25;
+  const int waves = std::getenv("TRAINCOORD_ETCD_LONG_WAVES")
+                        ? std::atoi(std::getenv("TRAINCOORD_ETCD_LONG_WAVES"))
+                        : 200;
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x", 100'000)).status, 201);
+  const int64_t first_revision = a.journal().leadership_of("x").second;
+  std::vector<uint64_t> ids;
+  std::vector<std::optional<uint64_t>> leases;
+  size_t max_keys = 0;
+  int accepted = 0;
+  for (int done = 0; done < waves; done += 50) {
+    auto kept = a.election().keep_alive();  // (a long run outlasts the lease)
+    ASSERT_TRUE(kept && *kept);
+    accepted += drive(a, wall, "x", 8, 50, &ids, &leases);
+    ASSERT_TRUE(a.lost.empty()) << a.lost_why[0];
+    max_keys = std::max(max_keys, keys_under(cluster, "/rt/"));
+  }
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  auto status = client.status();
+  ASSERT_TRUE(status);
+  std::printf(
+      "after %d waves (%d completions, %llu txns, %llu compactions): at most %zu keys, revision "
+      "%lld, db %lld bytes (%lld in use)\n",
+      waves, accepted, static_cast<unsigned long long>(a.journal().txns()),
+      static_cast<unsigned long long>(a.journal().compactions()), max_keys,
+      static_cast<long long>(status->revision), static_cast<long long>(status->db_size),
+      static_cast<long long>(status->db_size_in_use));
+  EXPECT_GT(accepted, waves * 3);
+  // Keys: the layout, member, leader, head, config and snap keys, a snapshot's chunk, at most
+  // snapshot_every/8 record keys.
+  EXPECT_LT(max_keys, 30u);
+  EXPECT_GE(a.journal().compactions(), static_cast<uint64_t>(waves / 25 - 1));
+  // The history before the last compaction is gone.
+  auto old = client.range("/rt/head/x", {}, 0, false, first_revision);
+  ASSERT_FALSE(old);
+  EXPECT_NE(old.error().message.find("compacted"), std::string::npos) << old.error().message;
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include "etcd/etcd_cluster.h"
 #include "etcd/ha_http.h"
 #include "journal/etcd_client.h"
-#include "journal/etcd_journal.h"
+#include "journal/etcd_options.h"
 
 namespace traincoord {
 namespace {

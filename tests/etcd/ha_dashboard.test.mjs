@@ -2,7 +2,10 @@
 // from npm) against a real etcd member and two coordinators on loopback (docs/HA.md "Watching
 // it"): on the leader it says "leader" and names itself; on the standby it says "standby", names
 // the leader, and says that the runs are served there; after the leader is killed, the former
-// standby's page says "leader" with one takeover. Every process is killed by its PID at the end.
+// standby's page says "leader" with one takeover. The "Leaders of the runs" panel shows the
+// run's leader and term as the server's /v1/coordinator says them, before and after the
+// takeover, and the standby's header links the run to its leader's dashboard. Every process is
+// killed by its PID at the end.
 //   TRAINCOORD_BIN=build/traincoord node --test tests/etcd/ha_dashboard.test.mjs
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -54,6 +57,18 @@ function startCoordinator(config, journal) {
   });
 }
 
+// The run's row of the "Leaders of the runs" panel equals what `url`'s /v1/coordinator says of it.
+async function runRowMatchesServer(page, url, run) {
+  const c = await (await fetch(`${url}/v1/coordinator`)).json();
+  const r = c.runs.find((x) => x.run === run);
+  if (!r || !r.leader) return false;
+  const row = await page.evaluate((name) => {
+    const tr = document.querySelector(`#ha-runs-table tr[data-run="${name}"]`);
+    return tr && { leader: tr.querySelector(".leader").textContent, term: tr.querySelector(".term").textContent, role: tr.dataset.role };
+  }, run);
+  return row && row.leader.startsWith(r.leader) && row.term === String(r.term) && row.role === r.role ? r : false;
+}
+
 test("the Coordinators panel says who leads, on the leader and on the standby", async () => {
   const dir = mkdtempSync(join(tmpdir(), "traincoord-hadash-"));
   const children = [];
@@ -84,6 +99,10 @@ test("the Coordinators panel says who leads, on the leader and on the standby", 
     assert.equal(await page.isVisible("#ha"), true);
     assert.match(await page.textContent("#ha-leader"), new RegExp(a.url.replace(/\./g, "\\.")));
     await page.waitForFunction(() => document.getElementById("title").textContent.includes("hadash"));
+    assert.equal(await page.isVisible("#ha-runs"), true);
+    const led = await until("a's leaders panel to match a", () => runRowMatchesServer(page, a.url, "hadash"), 10000);
+    assert.equal(led.leader, a.url);
+    assert.equal(led.role, "leader");
 
     const standby = await browser.newPage();
     await standby.goto(b.url + "/");
@@ -91,11 +110,20 @@ test("the Coordinators panel says who leads, on the leader and on the standby", 
       document.getElementById("ha-leader").textContent.includes(url), a.url);
     assert.match(await standby.textContent("#progress-label"), /stands by/);
     assert.equal(await standby.textContent("#ha-takeovers"), "0");
+    const seen = await until("b's leaders panel to match b", () => runRowMatchesServer(standby, b.url, "hadash"), 10000);
+    assert.equal(seen.leader, a.url);
+    assert.equal(seen.term, led.term);
+    assert.equal(await standby.getAttribute("#runs a", "href"), `${a.url}/?run=hadash`);
 
     a.proc.kill("SIGKILL");
     await standby.waitForFunction(() => document.getElementById("ha-role")?.textContent === "leader",
       null, { timeout: 30000 });
     assert.equal(await standby.textContent("#ha-takeovers"), "1");
+    const took = await until("b's leaders panel to show b leading", async () => {
+      const r = await runRowMatchesServer(standby, b.url, "hadash");
+      return r && r.leader === b.url ? r : false;
+    }, 10000);
+    assert.ok(took.term > led.term, `term ${took.term} after ${led.term}`);
     await standby.waitForFunction(() => document.getElementById("title").textContent.includes("hadash"));
   } finally {
     if (browser) await browser.close();

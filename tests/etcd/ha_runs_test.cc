@@ -219,6 +219,25 @@ TEST(HighAvailabilityPerRun, ACoordinatorKilledMovesOnlyItsRunTheOtherKeepsItsLe
   EXPECT_EQ(std::get<2>(ra["y"]), y_term);
   EXPECT_EQ(http(a->url(), "GET", "/v1/runs/y").status, 421);
   EXPECT_EQ(http(b->url(), "GET", "/v1/runs/x").status, 421);
+  // GET /v1/runs lists both runs on each, with their leader; only the run led here has its
+  // summary (docs/HA.md "Leadership per run").
+  {
+    rapidjson::Document d;
+    d.Parse(http(a->url(), "GET", "/v1/runs").body.c_str());
+    ASSERT_TRUE(d.IsObject() && d.HasMember("runs"));
+    std::map<std::string, const rapidjson::Value*> listed;
+    for (const auto& r : d["runs"].GetArray()) listed[r["run"].GetString()] = &r;
+    ASSERT_EQ(listed.size(), 2u);
+    const auto& x = *listed["x"];
+    const auto& y = *listed["y"];
+    EXPECT_TRUE(x["led_here"].GetBool());
+    EXPECT_EQ(std::string(x["leader"].GetString()), a->url());
+    EXPECT_TRUE(x.HasMember("state"));  // its summary
+    EXPECT_FALSE(y["led_here"].GetBool());
+    EXPECT_EQ(std::string(y["leader"].GetString()), b->url());
+    EXPECT_EQ(y["term"].GetInt64(), y_term);
+    EXPECT_FALSE(y.HasMember("state"));
+  }
 
   RunLog xs, ys;
   std::vector<std::thread> workers;
