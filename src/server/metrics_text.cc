@@ -11,6 +11,49 @@ namespace traincoord {
 
 namespace {
 
+// A family of series: its name, type and help, written once before its series.
+struct Family {
+  const char* name;
+  const char* type;
+  const char* help;
+};
+
+// Writes families and their series in Prometheus's text format onto `out`.
+class Exposition {
+ public:
+  explicit Exposition(std::string& out) : out_(out) {}
+  void head(const Family& f) {
+    out_ +=
+        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
+  }
+  void series(const char* name, const std::string& labels, double value) {
+    out_ += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
+  }
+  // One run's series of family `name` over a capped label set (`key`: ranks, workers): the
+  // first `shown` members get a series each, labelled key="label(i)"; the others with a value
+  // fold into key="_other", summed (`sum`) or the largest. value(i): std::optional<double>.
+  template <class Label, class Value>
+  void capped(const char* name, const std::string& run_labels, const char* key, size_t n,
+              size_t shown, bool sum, Label&& label, Value&& value) {
+    double other = 0;
+    bool any_other = false;
+    for (size_t i = 0; i < n; ++i) {
+      const std::optional<double> v = value(i);
+      if (!v) continue;
+      if (i < shown) {
+        series(name, run_labels + "," + key + "=\"" + label(i) + "\"", *v);
+      } else {
+        other = any_other ? (sum ? other + *v : std::max(other, *v)) : *v;
+        any_other = true;
+      }
+    }
+    if (any_other) series(name, run_labels + "," + key + "=\"_other\"", other);
+  }
+
+ private:
+  std::string& out_;
+};
+
 const Epoch* latest_laid_out(const Run& run, SetKind set) {
   for (auto it = run.epochs().rbegin(); it != run.epochs().rend(); ++it) {
     if (it->plan.set == set && it->steps()) return &*it;
@@ -19,18 +62,9 @@ const Epoch* latest_laid_out(const Run& run, SetKind set) {
 }
 
 void step_metrics(const std::vector<const Run*>& runs, size_t ranks_shown, std::string& out) {
-  struct Family {
-    const char* name;
-    const char* type;
-    const char* help;
-  };
-  auto head = [&](const Family& f) {
-    out +=
-        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
-  };
-  auto series = [&](const char* name, const std::string& labels, double value) {
-    out += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
-  };
+  Exposition x(out);
+  auto head = [&](const Family& f) { x.head(f); };
+  auto series = [&](const char* name, const std::string& l, double v) { x.series(name, l, v); };
   auto each_set = [&](const Family& f, auto&& emit) {
     head(f);
     for (const Run* run : runs) {
@@ -119,21 +153,10 @@ void step_metrics(const std::vector<const Run*>& runs, size_t ranks_shown, std::
   auto each_rank = [&](const Family& f, auto&& value, bool sum) {
     head(f);
     for (const Run* run : runs) {
-      const std::string l = "run=\"" + prometheus_escape(run->config().name) + "\"";
-      double other = 0;
-      bool any_other = false;
-      const size_t n = run->rank_pace().size();
-      for (size_t r = 0; r < n; ++r) {
-        const std::optional<double> v = value(*run, static_cast<uint32_t>(r));
-        if (!v) continue;
-        if (r < ranks_shown) {
-          series(f.name, l + ",rank=\"" + std::to_string(r) + "\"", *v);
-        } else {
-          other = any_other ? (sum ? other + *v : std::max(other, *v)) : *v;
-          any_other = true;
-        }
-      }
-      if (any_other) series(f.name, l + ",rank=\"_other\"", other);
+      x.capped(
+          f.name, "run=\"" + prometheus_escape(run->config().name) + "\"", "rank",
+          run->rank_pace().size(), ranks_shown, sum, [](size_t r) { return std::to_string(r); },
+          [&](size_t r) { return value(*run, static_cast<uint32_t>(r)); });
     }
   };
   each_rank(
@@ -158,18 +181,9 @@ void step_metrics(const std::vector<const Run*>& runs, size_t ranks_shown, std::
 
 std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t workers_per_run) {
   std::string out;
-  struct Family {
-    const char* name;
-    const char* type;
-    const char* help;
-  };
-  auto head = [&](const Family& f) {
-    out +=
-        std::string("# HELP ") + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n";
-  };
-  auto series = [&](const char* name, const std::string& labels, double value) {
-    out += std::string(name) + "{" + labels + "} " + prometheus_number(value) + "\n";
-  };
+  Exposition x(out);
+  auto head = [&](const Family& f) { x.head(f); };
+  auto series = [&](const char* name, const std::string& l, double v) { x.series(name, l, v); };
   auto each_run = [&](const Family& f, auto&& emit) {
     head(f);
     for (const Run* run : runs) emit(*run, "run=\"" + prometheus_escape(run->config().name) + "\"");
@@ -312,19 +326,11 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
   auto each_worker = [&](const Family& f, auto&& value, bool sum) {
     head(f);
     for (const Run* run : runs) {
-      const std::string l = "run=\"" + prometheus_escape(run->config().name) + "\"";
-      double other = 0;
-      bool any_other = false;
-      for (size_t i = 0; i < run->workers().size(); ++i) {
-        const double v = value(run->workers()[i]);
-        if (i < workers_per_run) {
-          series(f.name, l + ",worker=\"" + prometheus_escape(run->workers()[i].name) + "\"", v);
-        } else {
-          other = any_other ? (sum ? other + v : std::max(other, v)) : v;
-          any_other = true;
-        }
-      }
-      if (any_other) series(f.name, l + ",worker=\"_other\"", other);
+      const auto& workers = run->workers();
+      x.capped(
+          f.name, "run=\"" + prometheus_escape(run->config().name) + "\"", "worker", workers.size(),
+          workers_per_run, sum, [&](size_t i) { return prometheus_escape(workers[i].name); },
+          [&](size_t i) { return std::optional<double>(value(workers[i])); });
     }
   };
   each_worker(

@@ -202,6 +202,14 @@ TEST_F(StepFigures, OnceFittedTheNextEpochShowsTheFittedModelAndTheSlowRank) {
   EXPECT_TRUE(std::isnan(series(capped, "traincoord_run_rank_speed{run=\"costs\",rank=\"1\"}")));
   EXPECT_NEAR(series(capped, "traincoord_run_rank_speed{run=\"costs\",rank=\"_other\"}"), 2.0,
               0.05);
+  // Workers are capped the same way (their jobs summed into worker="_other").
+  ASSERT_EQ(run_.workers().size(), 2u);
+  EXPECT_EQ(series(capped, "traincoord_worker_jobs_done_total{run=\"costs\",worker=\"" +
+                               run_.workers()[0].name + "\"}"),
+            static_cast<double>(run_.workers()[0].jobs_done));
+  EXPECT_EQ(series(capped, "traincoord_worker_jobs_done_total{run=\"costs\",worker=\"_other\"}"),
+            static_cast<double>(run_.workers()[1].jobs_done));
+  EXPECT_GT(run_.workers()[1].jobs_done, 0u);
 
   // And `traincoord status` prints them on one line.
   std::ostringstream out;
