@@ -5,7 +5,17 @@
 
 namespace traincoord::testing {
 
+// g++ defines __SANITIZE_*__; clang (the ASan build's compiler, scripts/configure-asan) says it
+// through __has_feature.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TRAINCOORD_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TRAINCOORD_TEST_SANITIZED 1
+#endif
+#endif
+
+#ifdef TRAINCOORD_TEST_SANITIZED
 inline constexpr bool kSanitized = true;
 #else
 inline constexpr bool kSanitized = false;

@@ -446,7 +446,6 @@ class JobStream {
   std::deque<Job> ready_;
   std::vector<std::pair<Job, Completion>> outbox_;
   std::vector<Completed> outcomes_;
-  size_t in_flight_ = 0;
   size_t sending_ = 0;    // completions taken from outbox_ whose request has not returned
   bool dry_ = false;      // the last acquire found no job right now
   bool waiting_ = false;  // the caller waits in next()

@@ -375,6 +375,12 @@ int runs(const StatusArgs& args) {
   d.Parse<rapidjson::kParseIterativeFlag>(body->c_str());  // any depth, no recursion
   std::printf("%-24s %-14s %7s %14s %8s\n", "RUN", "STATE", "EPOCH", "JOBS", "WORKERS");
   for (const Value& r : items(at(d, "runs"))) {
+    if (at(r, "led_here").IsFalse()) {  // HA: another coordinator leads it (docs/HA.md)
+      const std::string leader =
+          at(r, "leader").IsString() ? "led by " + text(at(r, "leader")) : "no leader yet";
+      std::printf("%-24s %s\n", text(at(r, "run")).c_str(), leader.c_str());
+      continue;
+    }
     const std::string epoch =
         int_of(at(r, "epoch")) ? count(at(r, "epoch")) + "/" + count(at(r, "target_epoch")) : "-";
     const std::string jobs = count(at(r, "jobs_done")) + "/" + count(at(r, "jobs_planned"));

@@ -237,6 +237,11 @@ TEST(HighAvailabilityPerRun, ACoordinatorKilledMovesOnlyItsRunTheOtherKeepsItsLe
     EXPECT_EQ(std::string(y["leader"].GetString()), b->url());
     EXPECT_EQ(y["term"].GetInt64(), y_term);
     EXPECT_FALSE(y.HasMember("state"));
+    // `traincoord runs` says so: y's line names its leader instead of stale figures.
+    const std::string printed =
+        testing::run_command(std::string(TRAINCOORD_BIN) + " runs --url " + a->url());
+    EXPECT_NE(printed.find("led by " + b->url()), std::string::npos) << printed;
+    EXPECT_NE(printed.find("running"), std::string::npos) << printed;  // x, led here
   }
 
   RunLog xs, ys;
