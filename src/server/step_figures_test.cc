@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/cost_test_config.h"
 #include "core/run.h"
 #include "server/metrics_text.h"
 #include "server/status_view.h"
@@ -20,32 +21,8 @@
 namespace traincoord {
 namespace {
 
-std::vector<double> speech_lengths(uint64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<double> v;
-  for (uint64_t i = 0; i < n; ++i) {
-    const double u = static_cast<double>(rng() % 1000) / 1000.0;
-    v.push_back(std::round(10 * (1 + 29 * u * u * u)) / 10);
-  }
-  return v;
-}
-
-RunConfig cost_config() {
-  RunConfig c;
-  c.name = "costs";
-  c.mode = ScheduleMode::kSteps;
-  c.train_samples = c.train_batches = 157;
-  c.dev_samples = c.dev_batches = 23;
-  c.train_lengths = speech_lengths(157, 1);
-  c.dev_lengths = speech_lengths(23, 2);
-  c.batch_budget = 60;
-  c.cost = BatchCost{0, 1, 0};
-  c.epochs = 3;
-  c.validation_every = 1;
-  c.lease_timeout_ms = 1000;
-  c.seed = 5;
-  return c;
-}
+using testing::cost_config;
+using testing::lengths_of;
 
 std::string status_json(const Run& run) {
   JsonWriter j;
