@@ -734,6 +734,19 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
   EXPECT_NE(metrics.find("traincoord_run_generation{run=\"r\"} 2"), std::string::npos);
 }
 
+// /metrics counts the samples trained per set, so that rate() gives a run's samples/s.
+TEST_F(ApiTest, MetricsCountTheSamplesTrainedPerSet) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": 0.5, "samples": 7})");
+  const std::string metrics = api_.metrics_text();
+  EXPECT_NE(metrics.find("traincoord_run_samples_total{run=\"r\",set=\"train\"} 7\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("traincoord_run_samples_total{run=\"r\",set=\"dev\"} 0\n"),
+            std::string::npos);
+}
+
 // The old group's long polls, parked when a new group restores: answered stale_generation,
 // however they named their group, and no lease of the new generation goes to them.
 TEST_F(ApiTest, ARestoreAnswersTheOldGroupsParkedAcquiresStaleAndLeasesThemNothing) {

@@ -217,6 +217,17 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
         series("traincoord_run_jobs", l + ",state=\"failed\"", static_cast<double>(p.failed));
         series("traincoord_run_jobs", l + ",state=\"planned\"", static_cast<double>(p.planned));
       });
+  each_run({"traincoord_run_samples_total", "counter",
+            "Samples of the run's counted completions with a finite loss, by set: rate() is its "
+            "samples/s. A group's restore of a cut takes off those of the jobs it reopens."},
+           [&](const Run& r, const std::string& l) {
+             uint64_t by_set[2] = {0, 0};
+             for (const Epoch& e : r.epochs()) by_set[static_cast<int>(e.plan.set)] += e.samples;
+             series("traincoord_run_samples_total", l + ",set=\"train\"",
+                    static_cast<double>(by_set[0]));
+             series("traincoord_run_samples_total", l + ",set=\"dev\"",
+                    static_cast<double>(by_set[1]));
+           });
   each_run({"traincoord_run_lease_expiries_total", "counter", "Leases that ran out."},
            [&](const Run& r, const std::string& l) {
              series("traincoord_run_lease_expiries_total", l,
