@@ -1,6 +1,7 @@
 #include "server/metrics_text.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -103,25 +104,34 @@ void step_metrics(const std::vector<const Run*>& runs, size_t ranks_shown, std::
              if (!r.config().cost_balanced()) return;
              series("traincoord_run_step_planned_with_fitted", l, e.plan_speeds.empty() ? 0 : 1);
            });
+  // What an open cost-balanced epoch's plan predicts, computed once per epoch for both series
+  // (a pass over the epoch's samples); null where there is nothing to predict.
+  std::map<const Epoch*, PlanFigures> predictions;
+  auto predicted = [&](const Run& r, const Epoch& e) -> const PlanFigures* {
+    if (!r.config().cost_balanced() || e.closed() || !e.cost_plan) return nullptr;
+    auto [it, fresh] = predictions.try_emplace(&e);
+    if (fresh) {
+      const auto& lengths =
+          e.plan.set == SetKind::kTrain ? r.config().train_lengths : r.config().dev_lengths;
+      it->second = predicted_figures(*e.cost_plan, e.plan_cost, lengths);
+    }
+    return &it->second;
+  };
   each_set({"traincoord_run_step_predicted_straggling", "gauge",
             "Cost-balanced, open epochs: the mean over the plan's steps of its slowest batch's "
             "predicted time over the mean batch's."},
            [&](const Run& r, const Epoch& e, const std::string& l) {
-             if (!r.config().cost_balanced() || e.closed() || !e.cost_plan) return;
-             const auto& lengths =
-                 e.plan.set == SetKind::kTrain ? r.config().train_lengths : r.config().dev_lengths;
-             series("traincoord_run_step_predicted_straggling", l,
-                    predicted_figures(*e.cost_plan, e.plan_cost, lengths).straggling);
+             if (const auto* f = predicted(r, e)) {
+               series("traincoord_run_step_predicted_straggling", l, f->straggling);
+             }
            });
   each_set({"traincoord_run_step_predicted_padding", "gauge",
             "Cost-balanced, open epochs: 1 - the samples' own cost over the padded work the plan "
             "computes."},
            [&](const Run& r, const Epoch& e, const std::string& l) {
-             if (!r.config().cost_balanced() || e.closed() || !e.cost_plan) return;
-             const auto& lengths =
-                 e.plan.set == SetKind::kTrain ? r.config().train_lengths : r.config().dev_lengths;
-             series("traincoord_run_step_predicted_padding", l,
-                    predicted_figures(*e.cost_plan, e.plan_cost, lengths).padding);
+             if (const auto* f = predicted(r, e)) {
+               series("traincoord_run_step_predicted_padding", l, f->padding);
+             }
            });
   auto each_model = [&](const Family& f, auto&& emit) {
     head(f);
