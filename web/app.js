@@ -286,7 +286,9 @@ function drawEvents(events) {
 
 function draw(status, history) {
   $("title").innerHTML = `run <b>${text(status.run)}</b> — <span class="state">${text(status.state)}</span>` +
-    (status.reason ? ` <span class="muted">(${text(status.reason)})</span>` : "");
+    (status.reason ? ` <span class="muted">(${text(status.reason)})</span>` : "") +
+    // How it hands out work: jobs, steps, or auto until its first acquire chooses.
+    (status.mode ? ` <span class="mode muted" title="how the run hands out work">${text(status.mode)}</span>` : "");
   const c = status.current;
   const p = status.progress;
   if (c) {

@@ -42,6 +42,7 @@ dev_samples = {DEV}
 batch_size = {BATCH}
 seed = 4
 [schedule]
+mode = "jobs"  # job-mode cuts: cut_worker.py's own lockstep over batches of sequential samples
 epochs = {EPOCHS}
 iters_per_worker = {batches_per_job}
 validation_every = 1

@@ -1,4 +1,4 @@
-"""The DDP loop of docs/PYTHON.md ("DDP: copy this loop"), run as printed on 2 ranks (gloo,
+"""The job-mode DDP loop of docs/PYTHON.md ("DDP in job mode: train inside join()"), run as printed on 2 ranks (gloo,
 real DataLoaders with 2 loader workers): it finishes every epoch without hanging, and every
 sample of every epoch was trained once. The same loop without join() hangs (checked too: a new
 user copying a snippet without it is the failure this section exists for)."""
@@ -24,12 +24,15 @@ dev_samples = 70
 batch_size = 32
 seed = 11
 [schedule]
+mode = "jobs"               # (by default this run would hand the group steps)
 epochs = 3
 iters_per_worker = 1
 validation_every = 1
 [leases]
 timeout = 5.0
 """
+
+RUN_LINE = "run = traincoord.Run.from_env(long_poll=5, first_contact_timeout=20)\n"
 
 # What the snippet needs defined before it, and what the test reads after it.
 PRELUDE = """
@@ -132,7 +135,7 @@ def run_ranks(server, code, tmp_path, timeout, until=None, ranks=2, run="ddp"):
 
 
 def test_the_ddp_loop_of_the_docs_trains_every_sample_once_without_hanging(serve_toml, tmp_path):
-    code = snippet("PYTHON.md", "### DDP: copy this loop")
+    code = snippet("PYTHON.md", "### DDP in job mode")
     assert "model.join(" in code
     server = serve_toml(DDP_TOML)
     finished, outputs, seen = run_ranks(server, PRELUDE + code + EPILOGUE, tmp_path, timeout=120)
@@ -143,11 +146,14 @@ def test_the_ddp_loop_of_the_docs_trains_every_sample_once_without_hanging(serve
     with urllib.request.urlopen(f"{server.url}/v1/runs/ddp", timeout=20) as reply:
         status = json.load(reply)
     assert status["state"] == "completed", status["state"]
+    assert status["mode"] == "jobs"
+    # Phases warned each rank that a group in job mode needs join().
+    assert all('schedule.mode = "jobs"' in out and "join(" in out for out in outputs), outputs
 
 
 def test_without_join_the_same_loop_hangs(serve_toml, tmp_path):
     """The reason for the section: the loop without join() never ends when the shares differ."""
-    code = snippet("PYTHON.md", "### DDP: copy this loop")
+    code = snippet("PYTHON.md", "### DDP in job mode")
     bare = code.replace("with model.join(divide_by_initial_world_size=False):", "if True:")
     assert bare != code
     server = serve_toml(DDP_TOML)

@@ -1,5 +1,5 @@
-"""Step mode (docs/PYTHON.md "DDP in step mode", docs/SEMANTICS.md "Step mode"): the loop of
-the docs, without join(), run as printed on 2 and 3 DDP ranks (gloo, real DataLoaders with 2
+"""Step mode (docs/PYTHON.md "DDP: copy this loop", docs/SEMANTICS.md "Step mode"): the loops of
+README.md and the docs, without join(), run as printed on 2 and 3 DDP ranks (gloo, real DataLoaders with 2
 loader workers) finishes every epoch with every sample trained once; the loss scale makes the
 ranks' averaged gradient the one of a single process over the step's samples; a rank without
 its rank is refused."""
@@ -10,7 +10,13 @@ import urllib.request
 import pytest
 
 import traincoord
-from test_ddp_snippet import EPILOGUE, PRELUDE, run_ranks, snippet
+from test_ddp_snippet import EPILOGUE, PRELUDE, REPO, RUN_LINE, run_ranks, snippet
+
+
+def readme_snippet():
+    """README.md's first ```python block (its "Use" section)."""
+    text = (REPO / "README.md").read_text()
+    return text[text.index("```python\n") + 10:text.index("```", text.index("```python\n") + 10)]
 
 # 404 train samples in batches of 32 (13 batches): for 2 ranks 7 steps, the last short; for 3
 # ranks 5 steps, the last splitting 20 samples 7/7/6. 70 dev samples.
@@ -30,15 +36,24 @@ timeout = 5.0
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+# README.md's loop on 2 ranks of a run that leaves schedule.mode to its default ("auto": steps
+# for a group), docs/PYTHON.md's on 3 ranks of a run in mode "steps".
+@pytest.mark.parametrize("ranks,doc", [(2, "README"), (3, "PYTHON")])
 def test_the_step_mode_loop_of_the_docs_trains_every_sample_once_without_join(
-        serve_toml, tmp_path, ranks):
-    code = snippet("PYTHON.md", "### DDP in step mode")
+        serve_toml, tmp_path, ranks, doc):
+    if doc == "README":
+        code = readme_snippet()
+        prelude = PRELUDE.replace(RUN_LINE, "")  # (the snippet makes its own)
+        toml = STEPS_TOML.replace('mode = "steps"\n', "")
+    else:
+        code = snippet("PYTHON.md", "### DDP: copy this loop")
+        prelude, toml = PRELUDE, STEPS_TOML
     assert "join(" not in code and "phase.loss_scale" in code
-    server = serve_toml(STEPS_TOML)
-    finished, outputs, seen = run_ranks(server, PRELUDE + code + EPILOGUE, tmp_path,
+    server = serve_toml(toml)
+    finished, outputs, seen = run_ranks(server, prelude + code + EPILOGUE, tmp_path,
                                         timeout=150, ranks=ranks, run="steps")
     assert finished, "\n---\n".join(outputs)
+    assert not any("hands out jobs" in out for out in outputs), outputs
     trained = sorted(sum(seen, []))
     assert trained == sorted(list(range(404)) * 3), [len(s) for s in seen]
     # Every rank trained the same number of batches (steps) in every epoch: 3 epochs of
@@ -47,6 +62,8 @@ def test_the_step_mode_loop_of_the_docs_trains_every_sample_once_without_join(
     with urllib.request.urlopen(f"{server.url}/v1/runs/steps", timeout=20) as reply:
         status = json.load(reply)
     assert status["state"] == "completed", status["state"]
+    assert status["mode"] == "steps" and status["config"]["mode"] == doc.replace(
+        "README", "auto").replace("PYTHON", "steps")
     train = [e for e in status["epochs"] if e["set"] == "train"]
     assert [e["done"] for e in train] == [steps * ranks] * 3
 

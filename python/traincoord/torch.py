@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import time
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from .client import (CUT_INCOMPLETE, RESTORE_CONFLICT, CoordinatorError, Job, JobFeed, Run,
@@ -283,13 +284,24 @@ class Phases:
         if group is not None and group != run.group:
             run.set_group(group)
         # Step mode: this process is one rank of a synchronous group, handed its rank's batch
-        # of every step (a process on its own is a group of one).
-        self.steps = status["config"].get("mode") == "steps"
+        # of every step (a process on its own is a group of one). A run left to choose
+        # (schedule.mode = "auto", the default) hands out steps when a rank of a group asks
+        # first: this process is one under `traincoord launch`, torchrun, or in an initialized
+        # process group.
+        mode = status.get("mode", status["config"].get("mode"))
+        self.steps = mode == "steps" or (mode == "auto" and _in_group())
         if self.steps:
             self._ensure_group()
             rank, world_size = _rank_and_world_size()
             if (run.rank, run.world_size) != (rank, world_size):
                 run.set_rank(rank, world_size)
+        elif mode == "jobs" and _rank_and_world_size()[1] > 1:
+            warnings.warn(
+                f"run {run.run} hands out jobs ({_why_jobs(status)}): the ranks of this group "
+                "take different numbers of steps, so train inside "
+                "model.join(divide_by_initial_world_size=False) or the ranks hang at an epoch's "
+                "end; a run in step mode needs none (docs/PYTHON.md, \"DDP in step mode\")",
+                stacklevel=2)
         self._read_status(status)
         self.current: Phase | None = None
         # Jobs held ahead: enough for `prefetch` batches. Big jobs are fetched one ahead, so a
@@ -557,6 +569,27 @@ def _distributed() -> Any:
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _in_group() -> bool:
+    """Whether this process is a rank of a synchronous group: started by `traincoord launch`
+    or torchrun (their environment says so), or in an initialized torch.distributed."""
+    return bool(os.environ.get("TRAINCOORD_GROUP") or os.environ.get("TORCHELASTIC_RUN_ID")
+                or _distributed() is not None)
+
+
+def _why_jobs(status: Mapping[str, Any]) -> str:
+    """Why a run hands out jobs, for a warning."""
+    config = status["config"]
+    if config.get("mode") == "jobs":
+        return 'schedule.mode = "jobs"'
+    if config.get("mode") == "auto" and not (config.get("train_samples")
+                                             and config.get("batch_size")):
+        return "steps need data.batch_size and data.train_samples in its config"
+    if config.get("mode") == "auto":
+        return ("an independent worker asked for work first, or its config cannot step: "
+                "see docs/CONFIG.md, schedule.mode")
+    return f"schedule.mode = {config.get('mode')!r}"
 
 
 def _rank_and_world_size() -> tuple[int, int]:

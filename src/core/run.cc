@@ -53,6 +53,8 @@ std::string_view event_kind_name(EventKind kind) {
       return "group_started";
     case EventKind::kConfigChanged:
       return "config_changed";
+    case EventKind::kModeChosen:
+      return "mode_chosen";
   }
   return "unknown";
 }
@@ -68,6 +70,7 @@ std::string job_name(const Epoch& e, uint64_t position) {
 
 Run::Run(RunConfig config, const Clock& clock)
     : config_(std::move(config)),
+      mode_(initial_mode(config_)),
       plan_(make_plan(config_)),
       clock_(clock),
       early_stop_(config_.early_stop),
@@ -148,7 +151,7 @@ bool Run::open_next_epoch() {
   running_.push_back(slot);
   latest_of_set_[static_cast<int>(p.set)] = slot;
   if (p.set == SetKind::kDev) dev_to_judge_.push_back(slot);
-  if (config_.mode == ScheduleMode::kSteps && group_ranks_ > 0) {
+  if (mode_ == ScheduleMode::kSteps && group_ranks_ > 0) {
     lay_out(epochs_[slot], group_ranks_);
   }
   const Epoch& opened = epochs_[slot];
@@ -284,7 +287,7 @@ Result<void> Run::check_rank(std::string_view name, std::string_view group,
                                           std::to_string(rank->world_size));
     }
   }
-  if (config_.mode != ScheduleMode::kSteps || !rank) return {};
+  if (mode_ == ScheduleMode::kJobs || !rank) return {};
   if (const uint32_t w = ranks_of_group(group, name); w != 0 && w != rank->world_size) {
     return conflict("rank " + std::to_string(rank->rank) + " of group " + std::string(group) +
                         " says the group has " + std::to_string(rank->world_size) +
@@ -686,7 +689,7 @@ bool Run::take_step_job(WorkerId worker, Job* out) {
 }
 
 bool Run::take_open_job(WorkerId worker, Job* out) {
-  if (config_.mode == ScheduleMode::kSteps) return take_step_job(worker, out);
+  if (mode_ == ScheduleMode::kSteps) return take_step_job(worker, out);
   const bool overlap = config_.seed_compat || config_.overlap_epochs;
   for (int pass = 0; pass < 2; ++pass) {
     for (uint32_t slot : running_) {
@@ -709,6 +712,23 @@ bool Run::take_open_job(WorkerId worker, Job* out) {
   return false;
 }
 
+void Run::choose_mode(const WorkerInfo& w) {
+  TC_ASSERT(mode_ == ScheduleMode::kAuto);
+  if (!w.group.empty() && w.rank) {
+    mode_ = ScheduleMode::kSteps;
+    emit(EventKind::kModeChosen,
+         "run hands out steps (schedule.mode = \"auto\"): the first worker to ask for work, " +
+             w.name + ", is rank " + std::to_string(w.rank->rank) + " of " +
+             std::to_string(w.rank->world_size) + " of group " + w.group);
+  } else {
+    mode_ = ScheduleMode::kJobs;
+    emit(EventKind::kModeChosen,
+         "run hands out jobs (schedule.mode = \"auto\"): the first worker to ask for work, " +
+             w.name + ", is not a rank of a group (" +
+             (w.group.empty() ? "no group" : "group " + w.group + " without a rank") + ")");
+  }
+}
+
 TimeMs Run::retry_hint() const {
   constexpr TimeMs kMaxHint = 1000;
   if (live_order_.empty()) return kMaxHint;
@@ -724,10 +744,12 @@ Result<Acquired> Run::acquire(WorkerId worker, uint64_t request, uint32_t max_jo
     (*w)->active = true;
     emit(EventKind::kWorkerJoined, "worker " + (*w)->name + " rejoined");
   }
-  if (config_.mode == ScheduleMode::kSteps && ((*w)->group.empty() || !(*w)->rank)) {
+  if (mode_ == ScheduleMode::kAuto) choose_mode(**w);
+  if (mode_ == ScheduleMode::kSteps && ((*w)->group.empty() || !(*w)->rank)) {
     return failed_precondition(
-        "run " + config_.name +
-            " hands out steps (schedule.mode = \"steps\"): it is trained by a synchronous "
+        "run " + config_.name + " hands out steps (schedule.mode = \"" +
+            std::string(schedule_mode_name(config_.mode)) +
+            "\"): it is trained by a synchronous "
             "group, each rank registering with its group, rank and world_size; worker " +
             (*w)->name + " registered without " + ((*w)->group.empty() ? "a group" : "its rank") +
             " (Phases does this in an initialised process group or under traincoord launch; a "

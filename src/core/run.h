@@ -138,6 +138,7 @@ enum class EventKind : uint8_t {
   kRestored,
   kGroupStarted,
   kConfigChanged,  // --apply-config-changes: fields changed, a completed run going on
+  kModeChosen,     // schedule.mode = "auto": the first acquire chose jobs or steps
 };
 std::string_view event_kind_name(EventKind kind);
 
@@ -194,6 +195,11 @@ class Run {
   Run& operator=(const Run&) = delete;
 
   const RunConfig& config() const { return config_; }
+  // How the run hands its epochs out: kJobs or kSteps; kAuto (schedule.mode = "auto" on a config
+  // that allows steps) until its first acquire, which chooses steps when the asking worker is a
+  // rank of a group (registered with its group, rank and world size) and jobs otherwise, once
+  // and for good (a mode_chosen event says which and why; docs/SEMANTICS.md).
+  ScheduleMode mode() const { return mode_; }
   const Plan& plan() const { return plan_; }
   RunState state() const { return state_; }
   const std::string& state_reason() const { return state_reason_; }
@@ -397,12 +403,15 @@ class Run {
   uint64_t void_leases();
   // The run's progress (core/run_progress.h), leases and all; and taking one on.
   RunProgress progress() const;
+  // schedule.mode = "auto": the first acquire, by worker `w`, chooses the mode (mode()).
+  void choose_mode(const WorkerInfo& w);
   void take_progress(RunProgress progress);
   void take_over(std::string_view group, std::string target, uint64_t voided);
   bool is_past_group(std::string_view group) const;
   uint64_t jobs_done() const;
 
   RunConfig config_;
+  ScheduleMode mode_;  // mode(): the config's, or kAuto until the first acquire chooses
   Plan plan_;
   const Clock& clock_;
   RunState state_ = RunState::kRunning;

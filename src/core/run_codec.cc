@@ -21,8 +21,11 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // mode: each epoch's layout (ranks, step base, segment), each worker's rank and world size, the
 // current group's world size (before 8 every epoch reads as a job-mode one). 9: cost-balanced
 // step mode: each epoch's frozen cost and speeds (the run's, then each cut's), the run's cost
-// model (before 9: every epoch as planned with the declared cost, no model).
-constexpr uint32_t kFormat = 9;
+// model (before 9: every epoch as planned with the declared cost, no model). 10: the run's mode
+// (schedule.mode = "auto" chooses it at the first acquire; before 10 a run is in the mode its
+// config says, and "auto", which did not exist, reads as jobs: an older config without the key
+// was a job-mode run).
+constexpr uint32_t kFormat = 10;
 constexpr uint32_t kOldestFormat = 2;
 
 // What a step-mode epoch's layout must be (empty: nothing wrong), checked before anything
@@ -33,7 +36,7 @@ std::string step_layout_inconsistency(const Run& run, const Epoch& e) {
     if (!e.plan_speeds.empty()) return " has speeds but no layout";
     return e.segment.empty() ? "" : " has a segment but no layout";
   }
-  if (config.mode != ScheduleMode::kSteps || (config.batch_size == 0 && !config.cost_balanced())) {
+  if (run.mode() == ScheduleMode::kJobs || (config.batch_size == 0 && !config.cost_balanced())) {
     return " is laid out in steps, but the run hands out jobs";
   }
   if (e.ranks > (1u << 20)) return " is laid out for more than 2^20 ranks";
@@ -694,6 +697,8 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     for (double v : model->reference_theta_) w.f64(v);
     for (double v : model->reference_speed_) w.f64(v);
   }
+  // (10) The run's mode (schedule.mode = "auto": the one its first acquire chose, or still auto).
+  w.u64(static_cast<uint64_t>(run.mode_));
   return w.take();
 }
 
@@ -712,6 +717,7 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
   }
   auto run = std::make_unique<Run>(std::move(config), clock);
   run->events_.clear();
+  if (format < 10 && run->mode_ == ScheduleMode::kAuto) run->mode_ = ScheduleMode::kJobs;
   RunProgress progress;
   if (std::string broken = decode_progress(r, format, &progress); !broken.empty()) {
     return corrupt(broken);
@@ -948,6 +954,24 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     for (Epoch& e : run->epochs_) e.plan_cost = run->config_.cost;
     for (Cut& cut : run->cuts_.cuts_) {
       for (Epoch& e : cut.saved.epochs) e.plan_cost = run->config_.cost;
+    }
+  }
+  if (format >= 10) {
+    const uint64_t mode = r.u64();
+    const ScheduleMode initial = initial_mode(run->config_);
+    if (mode >= kScheduleModeNames.size() ||
+        (static_cast<ScheduleMode>(mode) != initial && initial != ScheduleMode::kAuto)) {
+      return corrupt("inconsistent: mode " + std::to_string(mode) + " for a run whose config (" +
+                     "schedule.mode = \"" + std::string(schedule_mode_name(run->config_.mode)) +
+                     "\") starts it in " + std::string(schedule_mode_name(initial)));
+    }
+    run->mode_ = static_cast<ScheduleMode>(mode);
+    // (The layouts were read before the mode: checked again against it.)
+    for (const Epoch& e : run->epochs_) {
+      if (e.ranks > 0 && run->mode_ != ScheduleMode::kSteps) {
+        return corrupt("inconsistent: an epoch is laid out in steps, but the run hands out " +
+                       std::string(schedule_mode_name(run->mode_)));
+      }
     }
   }
   if (format >= 8 && r.ok()) {

@@ -66,6 +66,99 @@ Result<void> validate_run_name(std::string_view name, const char* field) {
   return require(name.front() != '.', field, "must not start with '.'");
 }
 
+Result<void> check_steps(const RunConfig& c) {
+  if (c.cost_balanced()) {
+    if (auto r = require(c.batch_size == 0, "data.batch_size",
+                         "give data.batch_size (fixed batches) or schedule.batch_budget "
+                         "(cost-balanced batches), not both");
+        !r)
+      return r;
+    for (auto [samples, batches, lengths, field] :
+         {std::tuple{c.train_samples, c.train_batches, &c.train_lengths, "data.train_lengths"},
+          std::tuple{c.dev_samples, c.dev_batches, &c.dev_lengths, "data.dev_lengths"}}) {
+      if (samples == 0 && batches == 0 && lengths->empty()) continue;
+      if (auto r = require(samples >= 1 && batches == samples, field,
+                           "cost-balanced step mode needs the set's size in samples");
+          !r)
+        return r;
+      if (auto r =
+              require(lengths->size() == samples, field,
+                      std::to_string(lengths->size()) + " lengths for " + std::to_string(samples) +
+                          " samples: give one length per sample of the set");
+          !r)
+        return r;
+      StepPlanConfig step;
+      step.batch_budget = c.batch_budget;
+      step.cost = c.cost;
+      if (auto r = check_step_config(step, samples, *lengths); !r) {
+        Error e = r.error();
+        if (e.field == "lengths") {
+          e.field = field;
+        } else {
+          e.field = e.field == "cost" ? "schedule.cost_b" : "schedule." + e.field;
+        }
+        const size_t colon = e.message.find(": ");
+        e.message =
+            e.field + ": " + (colon == std::string::npos ? e.message : e.message.substr(colon + 2));
+        return tl::unexpected(e);
+      }
+    }
+  } else {
+    if (auto r = require(c.batch_size >= 1, "data.batch_size",
+                         "schedule.mode = \"steps\" hands out one batch per rank per step: give "
+                         "the batch size (samples per batch), or schedule.batch_budget for "
+                         "cost-balanced batches");
+        !r)
+      return r;
+  }
+  {
+    const char* why = "schedule.mode = \"steps\" hands out one batch per rank per step";
+    for (auto [samples, batches, field] :
+         {std::tuple{c.train_samples, c.train_batches, "data.train_samples"},
+          std::tuple{c.dev_samples, c.dev_batches, "data.dev_samples"}}) {
+      if (batches == 0 && samples == 0) continue;
+      if (auto r =
+              require(samples >= 1, field, std::string(why) + ": give the set's size in samples");
+          !r)
+        return r;
+      if (c.cost_balanced()) continue;  // (checked above)
+      if (auto r = require((samples + c.batch_size - 1) / c.batch_size == batches, field,
+                           std::to_string(samples) + " samples in batches of " +
+                               std::to_string(c.batch_size) + " make " +
+                               std::to_string((samples + c.batch_size - 1) / c.batch_size) +
+                               " batches, not " + std::to_string(batches));
+          !r)
+        return r;
+    }
+    if (auto r = require(
+            c.gpus_per_worker == 1 && c.iters_per_worker <= 1 && c.replicas_to_agg <= 1,
+            "schedule.gpus_per_worker",
+            std::string(why) + ": gpus_per_worker, iters_per_worker and replicas_to_agg must be 1");
+        !r)
+      return r;
+    if (auto r = require(!c.seed_compat, "schedule.seed_compat",
+                         std::string(why) + ", which the original coordinator did not");
+        !r)
+      return r;
+    if (auto r = require(!c.overlap_epochs, "schedule.overlap_epochs",
+                         std::string(why) + ": every rank moves to the next epoch together");
+        !r)
+      return r;
+    if (auto r = require(c.start_step == 0, "schedule.start_step",
+                         std::string(why) + ": resume it from a checkpoint cut instead");
+        !r)
+      return r;
+  }
+
+  return {};
+}
+
+ScheduleMode initial_mode(const RunConfig& c) {
+  if (c.mode == ScheduleMode::kSteps || c.cost_balanced()) return ScheduleMode::kSteps;
+  if (c.mode == ScheduleMode::kJobs || !check_steps(c)) return ScheduleMode::kJobs;
+  return ScheduleMode::kAuto;
+}
+
 Result<void> validate(const RunConfig& c) {
   if (auto r = validate_run_name(c.name); !r) return r;
   if (auto r = require(c.train_batches >= 1, "data.train_batches",
@@ -127,7 +220,7 @@ Result<void> validate(const RunConfig& c) {
     return r;
 
   if (auto r =
-          require(c.batch_budget == 0 || c.mode == ScheduleMode::kSteps, "schedule.batch_budget",
+          require(c.batch_budget == 0 || c.mode != ScheduleMode::kJobs, "schedule.batch_budget",
                   "cost-balanced batches are planned in steps: set schedule.mode = \"steps\"");
       !r)
     return r;
@@ -137,87 +230,8 @@ Result<void> validate(const RunConfig& c) {
                        "schedule.batch_budget (and schedule.mode = \"steps\")");
       !r)
     return r;
-  if (c.cost_balanced()) {
-    if (auto r = require(c.batch_size == 0, "data.batch_size",
-                         "give data.batch_size (fixed batches) or schedule.batch_budget "
-                         "(cost-balanced batches), not both");
-        !r)
-      return r;
-    for (auto [samples, batches, lengths, field] :
-         {std::tuple{c.train_samples, c.train_batches, &c.train_lengths, "data.train_lengths"},
-          std::tuple{c.dev_samples, c.dev_batches, &c.dev_lengths, "data.dev_lengths"}}) {
-      if (samples == 0 && batches == 0 && lengths->empty()) continue;
-      if (auto r = require(samples >= 1 && batches == samples, field,
-                           "cost-balanced step mode needs the set's size in samples");
-          !r)
-        return r;
-      if (auto r =
-              require(lengths->size() == samples, field,
-                      std::to_string(lengths->size()) + " lengths for " + std::to_string(samples) +
-                          " samples: give one length per sample of the set");
-          !r)
-        return r;
-      StepPlanConfig step;
-      step.batch_budget = c.batch_budget;
-      step.cost = c.cost;
-      if (auto r = check_step_config(step, samples, *lengths); !r) {
-        Error e = r.error();
-        if (e.field == "lengths") {
-          e.field = field;
-        } else {
-          e.field = e.field == "cost" ? "schedule.cost_b" : "schedule." + e.field;
-        }
-        const size_t colon = e.message.find(": ");
-        e.message =
-            e.field + ": " + (colon == std::string::npos ? e.message : e.message.substr(colon + 2));
-        return tl::unexpected(e);
-      }
-    }
-  } else if (c.mode == ScheduleMode::kSteps) {
-    if (auto r = require(c.batch_size >= 1, "data.batch_size",
-                         "schedule.mode = \"steps\" hands out one batch per rank per step: give "
-                         "the batch size (samples per batch), or schedule.batch_budget for "
-                         "cost-balanced batches");
-        !r)
-      return r;
-  }
-  if (c.mode == ScheduleMode::kSteps) {
-    const char* why = "schedule.mode = \"steps\" hands out one batch per rank per step";
-    for (auto [samples, batches, field] :
-         {std::tuple{c.train_samples, c.train_batches, "data.train_samples"},
-          std::tuple{c.dev_samples, c.dev_batches, "data.dev_samples"}}) {
-      if (batches == 0 && samples == 0) continue;
-      if (auto r =
-              require(samples >= 1, field, std::string(why) + ": give the set's size in samples");
-          !r)
-        return r;
-      if (c.cost_balanced()) continue;  // (checked above)
-      if (auto r = require((samples + c.batch_size - 1) / c.batch_size == batches, field,
-                           std::to_string(samples) + " samples in batches of " +
-                               std::to_string(c.batch_size) + " make " +
-                               std::to_string((samples + c.batch_size - 1) / c.batch_size) +
-                               " batches, not " + std::to_string(batches));
-          !r)
-        return r;
-    }
-    if (auto r = require(
-            c.gpus_per_worker == 1 && c.iters_per_worker <= 1 && c.replicas_to_agg <= 1,
-            "schedule.gpus_per_worker",
-            std::string(why) + ": gpus_per_worker, iters_per_worker and replicas_to_agg must be 1");
-        !r)
-      return r;
-    if (auto r = require(!c.seed_compat, "schedule.seed_compat",
-                         std::string(why) + ", which the original coordinator did not");
-        !r)
-      return r;
-    if (auto r = require(!c.overlap_epochs, "schedule.overlap_epochs",
-                         std::string(why) + ": every rank moves to the next epoch together");
-        !r)
-      return r;
-    if (auto r = require(c.start_step == 0, "schedule.start_step",
-                         std::string(why) + ": resume it from a checkpoint cut instead");
-        !r)
-      return r;
+  if (c.mode == ScheduleMode::kSteps || c.cost_balanced()) {
+    if (auto r = check_steps(c); !r) return r;
   }
 
   const EarlyStopConfig& es = c.early_stop;

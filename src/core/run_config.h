@@ -32,9 +32,11 @@ std::optional<JobFailurePolicy> parse_job_failure_policy(std::string_view name);
 // How a run hands its epochs out (config key schedule.mode): as jobs to whichever worker asks
 // (independent workers; the original coordinator's semantics), or as steps to a synchronous
 // group (DDP, FSDP): one batch per rank per step, every rank the same number of steps
-// (core/step_plan.h; docs/SEMANTICS.md, "Step mode").
-enum class ScheduleMode { kJobs, kSteps };
-inline constexpr std::array<std::string_view, 2> kScheduleModeNames = {"jobs", "steps"};
+// (core/step_plan.h; docs/SEMANTICS.md, "Step mode"). kAuto (the default): steps when the
+// config allows them (check_steps) and the first worker to ask for work is a rank of a group,
+// jobs otherwise (Run::mode; docs/SEMANTICS.md, "Which mode a run takes").
+enum class ScheduleMode { kJobs, kSteps, kAuto };
+inline constexpr std::array<std::string_view, 3> kScheduleModeNames = {"jobs", "steps", "auto"};
 std::string_view schedule_mode_name(ScheduleMode mode);
 std::optional<ScheduleMode> parse_schedule_mode(std::string_view name);
 
@@ -104,7 +106,7 @@ struct RunConfig {
   // Steps need the sizes in samples and the batch size, one batch per job (G = I = R = 1),
   // and the default semantics (no seed_compat, no overlap, no start_step: a step-mode run
   // resumes from its cuts).
-  ScheduleMode mode = ScheduleMode::kJobs;
+  ScheduleMode mode = ScheduleMode::kAuto;
   // Cost-balanced step mode (schedule.batch_budget > 0, instead of data.batch_size): each
   // sample has a length (data.train_lengths / data.dev_lengths: one per sample of the set,
   // kept with the run's config, [lengths] in the stored text), and a batch's padded cost under
@@ -118,7 +120,8 @@ struct RunConfig {
   std::vector<double> dev_lengths;
   uint64_t train_lengths_xxh64 = 0;  // the checksum of each (the config layer computes them)
   uint64_t dev_lengths_xxh64 = 0;
-  bool cost_balanced() const { return mode == ScheduleMode::kSteps && batch_budget > 0; }
+  // A batch budget makes an auto run a step-mode run (cost-balanced batches are planned in steps).
+  bool cost_balanced() const { return mode != ScheduleMode::kJobs && batch_budget > 0; }
 
   int64_t lease_timeout_ms = 60'000;
   int max_attempts = 3;
@@ -136,6 +139,16 @@ struct RunConfig {
 
 // Returns the first problem with `config`, naming its field, or nothing when it is valid.
 Result<void> validate(const RunConfig& config);
+
+// What step mode needs of a config (data.batch_size or schedule.batch_budget, the sets' sizes
+// in samples, one batch per job, none of seed_compat, overlap_epochs, start_step): the first
+// thing missing, naming its field. validate() requires it of a config in step mode.
+Result<void> check_steps(const RunConfig& config);
+
+// The mode a new run of `config` starts in: kSteps or kJobs when the config says so (a batch
+// budget is steps); for kAuto, kJobs when check_steps fails, else kAuto (the first acquire
+// decides: Run::mode). REQUIRES: validate(config) succeeded.
+ScheduleMode initial_mode(const RunConfig& config);
 
 // A run's name: 1 to 128 of the ASCII letters, digits, '-', '_' and '.', not starting with '.'.
 // The name is a path segment (/v1/runs/NAME) and part of a file name (its token file), so

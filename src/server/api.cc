@@ -1083,7 +1083,7 @@ Api::Request::Reply Api::Request::register_worker(Request& r) {
   j.field("lease_timeout_ms", r.run->config().lease_timeout_ms);
   j.field("heartbeat_interval_ms", std::max<TimeMs>(1, r.run->config().lease_timeout_ms / 3));
   j.field("generation", r.run->generation());
-  j.field("mode", schedule_mode_name(r.run->config().mode));
+  j.field("mode", schedule_mode_name(r.run->mode()));  // "auto": the first acquire chooses
   if (!group.empty()) {
     j.field("group", group);
     j.field("group_state", group_state == GroupState::kCurrent ? "current" : "restore_required");

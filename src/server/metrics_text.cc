@@ -339,7 +339,7 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
   // (samples/s) or the slowest (speed) into rank="_other".
   std::vector<const Run*> step_runs;
   for (const Run* run : runs) {
-    if (run->config().mode == ScheduleMode::kSteps) step_runs.push_back(run);
+    if (run->mode() == ScheduleMode::kSteps) step_runs.push_back(run);
   }
   if (!step_runs.empty()) step_metrics(step_runs, workers_per_run, out);
   // Per worker, capped: the first `workers_per_run` workers of a run by id get their own

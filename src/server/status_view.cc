@@ -229,6 +229,8 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
   j.field("run", run.config().name);
   j.field("state", run_state_name(run.state()));
   j.field("reason", run.state_reason());
+  // How it hands out work: "jobs", "steps", or "auto" until its first acquire chooses.
+  j.field("mode", schedule_mode_name(run.mode()));
   j.key("config");
   write_config(j, run.config());
   j.key("plan").begin_object();
@@ -262,7 +264,7 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
     j.key("cost_model");  // fitted from the batch times the ranks report
     write_cost_model(j, run.cost_model());
   }
-  if (run.config().mode == ScheduleMode::kSteps) {
+  if (run.mode() == ScheduleMode::kSteps) {
     j.key("steps");  // the steps of each set's latest epoch, the ranks' pace
     write_steps(j, run);
   }
@@ -397,6 +399,7 @@ void write_run_summary(JsonWriter& j, const Run& run, TimeMs now) {
   j.field("run", run.config().name);
   j.field("state", run_state_name(run.state()));
   j.field("reason", run.state_reason());
+  j.field("mode", schedule_mode_name(run.mode()));
   const Epoch* current = nullptr;
   for (const Epoch& e : run.epochs()) {
     if (!e.closed()) current = current ? current : &e;

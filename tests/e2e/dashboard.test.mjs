@@ -7,7 +7,9 @@
 // restore by a new group show in the cuts panel and stand out in the events. Saves a screenshot.
 // A run of 3,000 epochs: the page charts them all, and each poll after the first fetches only
 // what changed (a status without its epochs, the epochs from the oldest open one, the newer
-// completions), a few kB however long the run.
+// completions), a few kB however long the run. A step-mode run (cost-balanced, its mode left to
+// the default): the steps panel shows the server's steps done of planned per set, the fitted
+// cost model, each rank's batches and fitted speed, and the title says the run hands out steps.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -319,6 +321,105 @@ test("a run of 3,000 epochs: the page charts them all, and a poll fetches only w
     console.log(`long run: the whole history ${fullBytes} bytes; a poll after the first at most ` +
       `${perPoll} bytes a request`);
     assert.ok(fullBytes > 100000 && perPoll < fullBytes / 10);
+  } finally {
+    if (browser) await browser.close();
+    if (serverProc) serverProc.kill("SIGKILL");
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// A cost-balanced run that leaves schedule.mode to its default: a group of two ranks asking
+// first makes it a step-mode run. 96 train samples of lengths 1 … 12, a budget of 48 padded
+// length units a batch, 2 epochs with a dev set of 16.
+const STEP_RUN = `
+name = "steps"
+[data]
+train_samples = 96
+dev_samples = 16
+train_lengths = "train.txt"
+dev_lengths = "dev.txt"
+seed = 3
+[schedule]
+epochs = 2
+batch_budget = 48.0
+`;
+
+test("a step-mode run: the steps panel shows the server's steps, cost model and ranks", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "traincoord-dash-"));
+  let serverProc;
+  let browser;
+  try {
+    const length = (i) => 1 + ((i * 7) % 12);
+    writeFileSync(join(dir, "train.txt"), Array.from({ length: 96 }, (_, i) => length(i)).join("\n") + "\n");
+    writeFileSync(join(dir, "dev.txt"), Array.from({ length: 16 }, (_, i) => length(i)).join("\n") + "\n");
+    const config = join(dir, "steps.toml");
+    writeFileSync(config, STEP_RUN);
+    const server = await startServer(config);
+    serverProc = server.proc;
+    const api = async (path, body) => {
+      const r = await fetch(server.url + path, body === undefined ? {} :
+        { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } });
+      const json = await r.json();
+      assert.ok(r.ok, `${path}: HTTP ${r.status} ${JSON.stringify(json)}`);
+      return json;
+    };
+    assert.equal((await api("/v1/runs/steps")).mode, "steps");  // (a batch budget is steps)
+    // Two ranks of group g, in lockstep through the API: each reports its batch's time, rank 1
+    // taking twice as long per padded unit (a slower GPU), so the model fits per rank.
+    const ranks = [];
+    for (const rank of [0, 1]) {
+      ranks.push((await api("/v1/runs/steps/workers",
+        { name: `r${rank}`, group: "g", rank, world_size: 2 })).worker);
+    }
+    const lengths = Array.from({ length: 96 }, (_, i) => length(i));
+    let steps = 0;
+    let trainSteps = 0;  // (the cost model and the ranks' pace count train batches)
+    for (; steps < 14; steps++) {
+      const jobs = [];
+      for (const worker of ranks) jobs.push(await api("/v1/runs/steps/acquire", { worker, group: "g" }));
+      if (jobs.some((j) => j.status !== "job")) break;
+      if (jobs[0].job.set === "train") trainSteps++;
+      for (let r = 0; r < 2; r++) {
+        const { lease, samples, set } = jobs[r].job;
+        const longest = Math.max(0, ...samples.map((s) => (set === "train" ? lengths[s] : length(s))));
+        const seconds = (1 + r) * 0.001 * (0.5 + samples.length * longest);
+        assert.equal((await api("/v1/runs/steps/complete",
+          { worker: ranks[r], group: "g", lease, loss: 1, samples: samples.length, seconds })).outcome, "accepted");
+      }
+    }
+    assert.ok(steps >= 10, `${steps} steps trained`);
+    const status = await api("/v1/runs/steps");
+    assert.equal(status.steps.world_size, 2);
+
+    browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+      args: ["--no-sandbox", "--disable-gpu"] });
+    const page = await browser.newPage({ viewport: { width: 1200, height: 900 } });
+    await page.goto(server.url + "/?run=steps");
+    await page.waitForFunction(() => !document.getElementById("steps-section").hidden);
+    assert.equal(await page.textContent("#title .mode"), "steps");  // how it hands out work
+    assert.equal(await page.getAttribute("#steps", "data-world-size"), "2");
+    // Each set's latest epoch laid out: its steps done of planned, as the server counts them.
+    for (const s of status.steps.sets) {
+      const row = page.locator(`#steps tr[data-set="${s.set}"] .steps-done`);
+      assert.equal(await row.textContent(), `${s.done} / ${s.planned}`, `${s.set}`);
+    }
+    const train = status.steps.sets.find((s) => s.set === "train");
+    assert.ok(train && train.done > 0, JSON.stringify(status.steps.sets));
+    // The cost model as the server fitted it, and each rank's batches and fitted speed.
+    assert.ok(status.cost_model && status.cost_model.reports === 2 * trainSteps, JSON.stringify(status.cost_model));
+    const model = await page.textContent("#steps-model");
+    assert.ok(model.includes(`from ${status.cost_model.reports} reports`), model);
+    if (status.cost_model.fitted) assert.ok(model.includes(status.cost_model.model), model);
+    for (const r of status.steps.ranks) {
+      const cells = await page.locator(`#steps tr[data-rank="${r.rank}"] td`).allTextContents();
+      assert.equal(cells[3], String(r.batches), `rank ${r.rank}: ${cells}`);
+      assert.equal(cells[2], r.speed === null ? "–" : r.speed.toFixed(2), `rank ${r.rank}: ${cells}`);
+    }
+    // The ranks' batches add up to the steps trained.
+    assert.equal(status.steps.ranks.reduce((a, r) => a + r.batches, 0), 2 * trainSteps);
+    // Rank 1 took twice as long per padded unit: the fitted speeds say so.
+    assert.ok(status.cost_model.fitted && Math.abs(status.cost_model.speeds[1] / status.cost_model.speeds[0] - 2) < 0.05,
+      JSON.stringify(status.cost_model));
   } finally {
     if (browser) await browser.close();
     if (serverProc) serverProc.kill("SIGKILL");
