@@ -188,7 +188,15 @@ void render_run(const Value& r, std::ostream& out, std::optional<int64_t> wall_n
   out << "epochs " << count(at(plan, "start_epoch")) << " .. " << count(at(plan, "target_epoch"))
       << ", " << count(at(plan, "train_jobs_per_epoch")) << " train jobs and "
       << count(at(plan, "dev_jobs_per_epoch")) << " dev jobs per epoch, "
-      << count(at(plan, "batches_per_job")) << " batches per job\n\n";
+      << count(at(plan, "batches_per_job")) << " batches per job";
+  // How it hands out work (schedule.mode; "auto" until its first acquire chooses).
+  if (const Value& mode = at(r, "mode"); mode.IsString()) {
+    const std::string_view m(mode.GetString(), mode.GetStringLength());
+    out << (m == "steps"  ? ", in steps (one batch per rank per step)"
+            : m == "jobs" ? ", in jobs"
+                          : ", steps for a group or jobs, as the first request for work says");
+  }
+  out << "\n\n";
 
   const Value& current = at(r, "current");
   if (current.IsObject()) {
