@@ -265,13 +265,15 @@ TEST_F(CostBalancedRun, ASnapshotRestoresTheFrozenModelTheModelAndTheSamePlan) {
     }
   }
   // A damaged model is refused, naming it: its report count (the varint before the reference
-  // fit, 3 + ranks doubles before the mode's byte at the end) one more than its ranks' counts.
+  // fit, 3 + ranks doubles before the series and the mode at the end) one more than its ranks'
+  // counts.
   const CostModel& model = *run.cost_model();
   ASSERT_LT(model.reports() + 1, 128u * 128u);
   const size_t varint = model.reports() < 128 ? 1 : 2;
   ASSERT_EQ(varint, model.reports() + 1 < 128 ? 1u : 2u);
   std::string damaged = bytes;
-  const size_t at = damaged.size() - 1 - 8 * (3 + model.ranks()) - varint;  // (1: the mode)
+  const size_t at = damaged.size() - 1 - RunCodec::series_bytes(run).size() -
+                    8 * (3 + model.ranks()) - varint;  // (then the series, the mode)
   const uint64_t more = model.reports() + 1;
   if (varint == 1) {
     damaged[at] = static_cast<char>(more);
@@ -307,12 +309,13 @@ TEST_F(CostBalancedRun, AFormat8SnapshotStillLoads) {
   const std::vector<WorkerId> ranks = group(run, "g", 2);
   ASSERT_TRUE(run.acquire(ranks[0]));
   const std::string bytes = RunCodec::save(run);
-  // Format 10's tail: the mode, steps (1). Format 9's before it: per epoch three doubles 0.0
-  // and no speeds (25 zero bytes), no model (1).
+  // Format 10's tail: the series, the mode, steps (1). Format 9's before it: per epoch three
+  // doubles 0.0 and no speeds (25 zero bytes), no model (1).
   ASSERT_EQ(bytes.back(), '\1');
+  const size_t ten = 1 + RunCodec::series_bytes(run).size();
   const size_t tail = 25 * run.epochs().size() + 1;
-  ASSERT_EQ(bytes.substr(bytes.size() - 1 - tail, tail), std::string(tail, '\0'));
-  std::string v8 = bytes.substr(0, bytes.size() - 1 - tail);
+  ASSERT_EQ(bytes.substr(bytes.size() - ten - tail, tail), std::string(tail, '\0'));
+  std::string v8 = bytes.substr(0, bytes.size() - ten - tail);
   ASSERT_EQ(v8[5], 10);
   v8[5] = 8;
   auto old = RunCodec::load(config, v8, clock_);

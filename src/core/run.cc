@@ -901,6 +901,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   count_completion(e, completion);
   (*w)->jobs_done += 1;
   counters_.completions_accepted += 1;
+  series_.add(e.plan.set, e.plan.epoch, counters_.completions_accepted, completion);
   const Completed accepted{CompletionOutcome::kAccepted, e.plan.epoch, e.plan.set, position};
   recent_.push_back({e.plan.epoch, e.plan.set, position, completion.loss, clock_.now(), worker});
   if (recent_.size() > kRecentKept) recent_.pop_front();

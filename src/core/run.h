@@ -24,6 +24,7 @@
 #include "core/rendezvous.h"
 #include "core/run_config.h"
 #include "core/run_progress.h"
+#include "core/run_series.h"
 #include "core/step_plan.h"
 
 namespace traincoord {
@@ -339,6 +340,9 @@ class Run {
   // The latest counted completions, oldest first, at most kRecentKept (not saved in
   // snapshots: a restart starts the list afresh).
   const std::deque<RecentCompletion>& recent_completions() const { return recent_; }
+  // Every counted completion's loss and metrics, per set, for the whole run, downsampled
+  // (core/run_series.h); snapshots keep them.
+  const RunSeries& series() const { return series_; }
   static constexpr size_t kRecentKept = 4096;
 
  private:
@@ -437,6 +441,7 @@ class Run {
   std::deque<Event> events_;
   uint64_t event_seq_ = 0;
   std::deque<RecentCompletion> recent_;
+  RunSeries series_;
 
   std::string group_;                    // the current group ("": none yet)
   uint64_t generation_ = 0;              // + 1 for every group that took the run over

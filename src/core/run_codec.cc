@@ -162,6 +162,26 @@ class Reader {
   bool ok_ = true;
 };
 
+void write_series(Writer& w, const RunSeries& all) {
+  w.u64(all.all().size());
+  for (const auto& [key, series] : all.all()) {
+    w.u64(static_cast<uint64_t>(key.first));
+    w.str(key.second);
+    w.u64(series.stride());
+    w.u64(series.count());
+    w.u64(series.kept().size());
+    auto point = [&](const SeriesPoint& p) {
+      w.u64(p.n);
+      w.i64(p.epoch);
+      w.f64(p.value);
+    };
+    for (const SeriesPoint& p : series.kept()) point(p);
+    w.boolean(series.latest().has_value());
+    if (series.latest()) point(*series.latest());
+  }
+  w.u64(all.dropped_names());
+}
+
 void save_optional(Writer& w, const std::optional<int64_t>& v) {
   w.boolean(v.has_value());
   if (v) w.i64(*v);
@@ -697,8 +717,16 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     for (double v : model->reference_theta_) w.f64(v);
     for (double v : model->reference_speed_) w.f64(v);
   }
-  // (10) The run's mode (schedule.mode = "auto": the one its first acquire chose, or still auto).
+  // (10) The run's series (core/run_series.h), then its mode (schedule.mode = "auto": the one
+  // its first acquire chose, or still auto).
+  write_series(w, run.series_);
   w.u64(static_cast<uint64_t>(run.mode_));
+  return w.take();
+}
+
+std::string RunCodec::series_bytes(const Run& run) {
+  Writer w;
+  write_series(w, run.series_);
   return w.take();
 }
 
@@ -957,6 +985,38 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     }
   }
   if (format >= 10) {
+    std::map<RunSeries::Key, Series> all;
+    for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
+      const uint64_t set = r.u64();
+      std::string name = r.str();
+      const uint64_t stride = r.u64();
+      const uint64_t count = r.u64();
+      const uint64_t kept = r.count();
+      if (kept > Series::kCapacity) return corrupt("a series of more points than it keeps");
+      auto point = [&] {
+        SeriesPoint p;
+        p.n = r.u64();
+        p.epoch = r.i64();
+        p.value = r.f64();
+        return p;
+      };
+      std::vector<SeriesPoint> points;
+      for (uint64_t i = 0; i < kept && r.ok(); ++i) points.push_back(point());
+      std::optional<SeriesPoint> latest;
+      if (r.u64() != 0) latest = point();
+      if (!r.ok()) break;
+      if (set > 1) return corrupt("a series of set " + std::to_string(set));
+      if (std::string wrong = Series::consistent(points, latest, stride, count); !wrong.empty()) {
+        return corrupt("series " + name + ": " + wrong);
+      }
+      const RunSeries::Key key{static_cast<SetKind>(set), std::move(name)};
+      if (!all.emplace(key, Series::restored(std::move(points), latest, stride, count)).second) {
+        return corrupt("series " + key.second + " twice");
+      }
+    }
+    if (std::string wrong = RunSeries::consistent(all); !wrong.empty()) return corrupt(wrong);
+    const uint64_t dropped = r.u64();
+    run->series_ = RunSeries::restored(std::move(all), dropped);
     const uint64_t mode = r.u64();
     const ScheduleMode initial = initial_mode(run->config_);
     if (mode >= kScheduleModeNames.size() ||

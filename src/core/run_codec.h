@@ -34,6 +34,10 @@ class RunCodec {
   static Result<std::unique_ptr<Run>> load(RunConfig config, std::string_view bytes,
                                            const Clock& clock);
 
+  // The bytes of the run's series within what save() writes, just before its last byte (the
+  // mode): format 10's series (core/run_series.h), which an older snapshot has none of.
+  static std::string series_bytes(const Run& run);
+
  private:
   static std::string encode(const Run& run, bool last_seen);
   // What invariant of Run `run` breaks, or empty when it keeps them all.

@@ -554,6 +554,7 @@ struct Api::Request {
   static Reply create_run(Request& r);
   static Reply status(Request& r);
   static Reply history(Request& r);
+  static Reply series(Request& r);
   static Reply epochs(Request& r);
   static Reply cancel(Request& r);
   static Reply register_worker(Request& r);
@@ -591,6 +592,7 @@ constexpr Endpoint kEndpoints[] = {
     {"create_run", "POST", "/v1/runs", Access::kAdmin, &Api::Request::create_run},
     {"status", "GET", "/v1/runs/{run}", Access::kRun, &Api::Request::status},
     {"history", "GET", "/v1/runs/{run}/history", Access::kRun, &Api::Request::history},
+    {"series", "GET", "/v1/runs/{run}/series", Access::kRun, &Api::Request::series},
     {"epochs", "GET", "/v1/runs/{run}/epochs", Access::kRun, &Api::Request::epochs},
     {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
     {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
@@ -1032,6 +1034,22 @@ Api::Request::Reply Api::Request::history(Request& r) {
   }
   JsonWriter j;
   write_history(j, run, page, r.now);
+  return ok(j);
+}
+
+Api::Request::Reply Api::Request::series(Request& r) {
+  const std::string_view format = query_param(r.http.target, "format").value_or("json");
+  if (format != "json" && format != "csv") {
+    return error_reply(
+        400, "invalid_argument",
+        "format must be json or csv, not \"" + std::string(format.substr(0, 32)) + "\"", "format");
+  }
+  TC_TRY_ASSIGN(after, query_uint(r.http.target, "after", 0, UINT64_MAX));
+  if (format == "csv") {
+    return HttpReply{200, series_csv(*r.run, after), {}, "text/csv; charset=utf-8"};
+  }
+  JsonWriter j;
+  write_series(j, *r.run, after);
   return ok(j);
 }
 

@@ -735,6 +735,45 @@ TEST_F(ApiTest, CutsRestoresAndGroupsOverHttp) {
 }
 
 // /metrics counts the samples trained per set, so that rate() gives a run's samples/s.
+TEST_F(ApiTest, SeriesListEveryCompletionsLossAndMetricsAndAPollOnlyTheNewerOnes) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
+  for (int lease = 1; lease <= 4; ++lease) {
+    json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+    json("POST", "/v1/runs/r/complete",
+         R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": )" +
+             std::to_string(lease) + R"(, "samples": 1, "metrics": {"lr": 0.5, "top,1": 0.25}})");
+  }
+  const rapidjson::Document all = json("GET", "/v1/runs/r/series");
+  EXPECT_EQ(all["completions"].GetUint64(), 4u);
+  ASSERT_EQ(all["series"].Size(), 3u);  // train: loss, lr, "top,1"
+  const auto& loss = all["series"][0];
+  EXPECT_STREQ(loss["set"].GetString(), "train");
+  EXPECT_STREQ(loss["name"].GetString(), "loss");
+  EXPECT_EQ(loss["stride"].GetUint64(), 1u);
+  EXPECT_EQ(loss["count"].GetUint64(), 4u);
+  ASSERT_EQ(loss["points"].Size(), 4u);
+  EXPECT_EQ(loss["points"][3][0].GetUint64(), 4u);  // n
+  EXPECT_EQ(loss["points"][3][1].GetInt64(), 0);    // epoch
+  EXPECT_DOUBLE_EQ(loss["points"][3][2].GetDouble(), 4.0);
+  const rapidjson::Document newer = json("GET", "/v1/runs/r/series?after=3");
+  EXPECT_EQ(newer["after"].GetUint64(), 3u);
+  for (const auto& series : newer["series"].GetArray()) {
+    ASSERT_EQ(series["points"].Size(), 1u);
+    EXPECT_EQ(series["points"][0][0].GetUint64(), 4u);
+  }
+  const HttpReply csv = reply("GET", "/v1/runs/r/series?format=csv&after=2");
+  EXPECT_EQ(csv.content_type, "text/csv; charset=utf-8");
+  EXPECT_EQ(csv.body,
+            "set,name,n,epoch,value\n"
+            "train,loss,3,0,3\ntrain,loss,4,0,4\n"
+            "train,lr,3,0,0.5\ntrain,lr,4,0,0.5\n"
+            "train,\"top,1\",3,0,0.25\ntrain,\"top,1\",4,0,0.25\n");
+  EXPECT_STREQ(json("GET", "/v1/runs/r/series?after=x", "", 400)["error"]["field"].GetString(),
+               "after");
+  EXPECT_STREQ(json("GET", "/v1/runs/r/series?format=xml", "", 400)["error"]["field"].GetString(),
+               "format");
+}
+
 TEST_F(ApiTest, MetricsCountTheSamplesTrainedPerSet) {
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");

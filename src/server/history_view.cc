@@ -205,4 +205,40 @@ void write_history(JsonWriter& j, const Run& run, const HistoryPage& page, TimeM
   j.end_array().end_object();
 }
 
+void write_series(JsonWriter& j, const Run& run, uint64_t after) {
+  j.begin_object();
+  j.field("run", run.config().name);
+  j.field("completions", run.counters().completions_accepted);
+  j.field("after", after);
+  j.field("dropped_names", run.series().dropped_names());
+  j.key("series").begin_array();
+  for (const auto& [key, series] : run.series().all()) {
+    j.begin_object();
+    j.field("set", set_name(key.first)).field("name", key.second);
+    j.field("stride", series.stride()).field("count", series.count());
+    j.key("points").begin_array();
+    for (const SeriesPoint& p : series.points_after(after)) {
+      j.begin_array().value(p.n).value(p.epoch).value(p.value).end_array();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+std::string series_csv(const Run& run, uint64_t after) {
+  std::string out = "set,name,n,epoch,value\n";
+  for (const auto& [key, series] : run.series().all()) {
+    for (const SeriesPoint& p : series.points_after(after)) {
+      out += set_name(key.first);
+      out += ',';
+      csv_field(out, key.second);
+      out += ',' + std::to_string(p.n) + ',' + std::to_string(p.epoch) + ',' + csv_number(p.value) +
+             '\n';
+    }
+  }
+  return out;
+}
+
 }  // namespace traincoord

@@ -1,5 +1,6 @@
 // A run's loss history (GET /v1/runs/{run}/history; docs/API.md): a row per epoch (its loss and
-// metric means once closed), then a row per recent completion, as JSON, JSON lines or CSV.
+// metric means once closed), then a row per recent completion, as JSON, JSON lines or CSV; and
+// its series (GET /v1/runs/{run}/series): every completion's loss and metrics, downsampled.
 // Pure: renders from the run's state at `now` (the engine's clock).
 #pragma once
 
@@ -35,5 +36,15 @@ std::string history_jsonl(const Run& run, const HistoryPage& page, TimeMs now);
 // A job row names its worker; a row's `time` (ISO 8601, UTC) and `time_ms` (since the Unix
 // epoch) say when its completion was counted, or when its epoch closed (empty while open).
 std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now);
+
+// The run's series (GET /v1/runs/{run}/series; core/run_series.h, docs/API.md): per set, the
+// loss and each metric of the counted completions, downsampled over the whole run, as
+// {"run", "completions", "after", "dropped_names", "series": [{"set", "name", "stride",
+// "count", "points": [[n, epoch, value], ...]}]}; only the points of completions numbered after
+// `after` (a poller asks after the last n it has; a series whose stride changed since is asked
+// again from 0).
+void write_series(JsonWriter& j, const Run& run, uint64_t after);
+// The same as CSV (RFC 4180): set,name,n,epoch,value, a row per point.
+std::string series_csv(const Run& run, uint64_t after);
 
 }  // namespace traincoord
