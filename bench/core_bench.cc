@@ -142,6 +142,64 @@ void BM_MemoryBillionBatchEpoch(benchmark::State& state) {
 }
 BENCHMARK(BM_MemoryBillionBatchEpoch)->Iterations(1)->Unit(benchmark::kMillisecond);
 
+// ---- series (issue 34; docs/PERFORMANCE.md, "Series: what keeping them costs") ----
+
+// The job cycle of BM_NextJobCycle at 64 workers, each completion reporting `metrics` named
+// metrics besides its loss (0: the loss only): what the run's series cost a completion.
+void BM_NextJobCycleWithMetrics(benchmark::State& state) {
+  ManualClock clock;
+  Run run(endless_config(1'000'000'000), clock);
+  std::vector<WorkerId> ids;
+  std::vector<LeaseId> leases;
+  for (int i = 0; i < 64; ++i) {
+    ids.push_back(run.join("w" + std::to_string(i)));
+    leases.push_back(run.acquire(ids.back())->job.lease);
+  }
+  Completion done;
+  done.loss = 0.5;
+  done.samples = 32;
+  for (int64_t m = 0; m < state.range(0); ++m)
+    done.metrics.push_back({"m" + std::to_string(m), 0.1});
+  size_t i = 0;
+  for (auto _ : state) {
+    auto next = run.next_job(ids[i], leases[i], done);
+    leases[i] = next->next.job.lease;
+    if (++i == ids.size()) i = 0;
+  }
+  check_all_counted(state, run);
+  state.counters["cycles_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_NextJobCycleWithMetrics)->Arg(0)->Arg(2);
+
+// A million completions, each with its loss and 2 metrics (lr, accuracy): the series' memory
+// and snapshot bytes stay bounded by the downsampling (1,024 points a series), whatever the
+// run's length.
+void BM_SeriesOfAMillionCompletions(benchmark::State& state) {
+  for (auto _ : state) {
+    ManualClock clock;
+    Run run(endless_config(1'000'000'000), clock);
+    const WorkerId w = run.join("w");
+    LeaseId lease = run.acquire(w)->job.lease;
+    Completion done;
+    done.samples = 32;
+    done.metrics = {{"lr", 0.1}, {"accuracy", 0.5}};
+    size_t points = 0;
+    for (int n = 1; n <= 1'000'000; ++n) {
+      done.loss = 1.0 / n;
+      done.metrics[0].value = 0.1 / n;
+      lease = run.next_job(w, lease, done)->next.job.lease;
+    }
+    check_all_counted_n(state, run, 1'000'000);
+    for (const auto& [key, series] : run.series().all()) points += series.points().size();
+    state.counters["series"] = static_cast<double>(run.series().all().size());
+    state.counters["points"] = static_cast<double>(points);
+    state.counters["series_bytes"] = static_cast<double>(RunCodec::series_bytes(run).size());
+    state.counters["snapshot_bytes"] = static_cast<double>(RunCodec::save(run).size());
+  }
+}
+BENCHMARK(BM_SeriesOfAMillionCompletions)->Iterations(1)->Unit(benchmark::kMillisecond);
+
 // ---- step mode (issue 32; docs/PERFORMANCE.md, "Step mode: the coordinator's own cost") ----
 
 // Log-normal lengths of 1 to 35 (utterance durations in seconds), as bench/step_balance.py.

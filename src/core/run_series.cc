@@ -8,8 +8,8 @@ void Series::add(uint64_t n, int64_t epoch, double value) {
   if (!std::isfinite(value)) return;
   const SeriesPoint p{n, epoch, value};
   // Values 1, 1 + stride, ... are kept: value count_ + 1 is one of them when count_ % stride
-  // is 0.
-  if (count_ % stride_ == 0) {
+  // is 0 (the stride is a power of 2: a mask, not a division, on every completion).
+  if ((count_ & (stride_ - 1)) == 0) {
     if (kept_.size() == kCapacity) {
       // Every other point goes (those at odd places), and the stride doubles: what is left are
       // values 1, 1 + 2·stride, ... as if the stride had been doubled from the start.
@@ -18,7 +18,7 @@ void Series::add(uint64_t n, int64_t epoch, double value) {
       kept_.resize(w);
       stride_ *= 2;
     }
-    if (count_ % stride_ == 0) kept_.push_back(p);
+    if ((count_ & (stride_ - 1)) == 0) kept_.push_back(p);
   }
   count_ += 1;
   latest_ = p;
@@ -93,7 +93,9 @@ RunSeries RunSeries::restored(std::map<Key, Series> series, uint64_t dropped_nam
 }
 
 void RunSeries::add(SetKind set, int64_t epoch, uint64_t n, const Completion& c) {
-  if (Series* loss = find_or_add(set, "loss")) loss->add(n, epoch, c.loss);
+  Series*& loss = loss_[static_cast<int>(set)];
+  if (!loss) loss = find_or_add(set, "loss");
+  if (loss) loss->add(n, epoch, c.loss);
   for (const Metric& m : c.metrics) {
     if (m.name == "loss") continue;  // (the loss is its own series)
     if (Series* s = find_or_add(set, m.name)) s->add(n, epoch, m.value);
