@@ -11,6 +11,7 @@ const state = {
   epochChart: null,
   jobChart: null,
   metricCharts: new Map(),   // metric name → its chart
+  seriesCharts: new Map(),   // series name → its chart over the whole run
   samples: new Map(),        // worker id → [{t, jobs}] over the last RATE_WINDOW_MS
   logScale: localStorage.getItem("traincoord-loss-log") === "1",
   bestEpoch: null,
@@ -166,6 +167,73 @@ function drawJobs(history, current) {
     { label: current ? `${current.set} epoch ${current.epoch}` : "loss", stroke: "#4a9b5f", width: 1, points: { show: true, size: 4 } },
   ], { xName: "job" }, state.jobChart);
   state.jobChart.setData([jobs.map((_, i) => i + 1), jobs.map((j) => j.loss)]);
+}
+
+// The run's series (docs/OBSERVABILITY.md "Series"): every completion's loss and metrics over
+// the whole run, downsampled by the server; a chart per name, train and dev on it, over the
+// completion number n. Kept between polls: a poll asks only for the points after the newest n
+// seen, and everything again when a series' stride changed (the server dropped points).
+const keptSeries = { run: null, after: 0, series: new Map() };  // "set|name" → {stride, points}
+
+async function fetchSeries(run) {
+  if (keptSeries.run !== run) Object.assign(keptSeries, { run, after: 0, series: new Map() });
+  const name = encodeURIComponent(run);
+  for (let attempt = 0; attempt < 2; attempt++) {
+    const r = await json(`/v1/runs/${name}/series?after=${keptSeries.after}`);
+    const changed = r.completions < keptSeries.after || r.series.some((s) => {
+      const k = keptSeries.series.get(`${s.set}|${s.name}`);
+      return k && k.stride !== s.stride;
+    });
+    if (changed && keptSeries.after > 0) {
+      Object.assign(keptSeries, { after: 0, series: new Map() });
+      continue;  // (fetch them all again)
+    }
+    for (const s of r.series) {
+      const key = `${s.set}|${s.name}`;
+      const k = keptSeries.series.get(key) || { set: s.set, name: s.name, stride: s.stride, points: [] };
+      k.stride = s.stride;
+      for (const p of s.points) k.points.push(p);  // (kept points: after the newest seen)
+      k.latest = s.latest;                         // (the latest value the stride skips, or null)
+      keptSeries.series.set(key, k);
+    }
+    keptSeries.after = r.completions;
+    break;
+  }
+  return keptSeries.series;
+}
+
+function drawSeries(series) {
+  const names = [...new Set([...series.values()].map((s) => s.name))].sort((a, b) =>
+    (a === "loss" ? -1 : b === "loss" ? 1 : a.localeCompare(b)));
+  const box = $("series-charts");
+  for (const [name, c] of state.seriesCharts) {
+    if (!names.includes(name)) { c.destroy(); c.root.parentElement.remove(); state.seriesCharts.delete(name); }
+  }
+  for (const name of names) {
+    let c = state.seriesCharts.get(name);
+    if (!c) {
+      const section = document.createElement("section");
+      section.innerHTML = `<h2>${text(name)}, whole run <span class="muted">(per completion)</span></h2><div class="series-chart"></div>`;
+      box.appendChild(section);
+      const el = section.querySelector(".series-chart");
+      el.dataset.name = name;
+      c = chart(el, `series|${name}`, trainDev.map((t) => ({ ...t, width: 1, points: { show: false }, spanGaps: true })),
+        { xName: "completion" });
+      c.el = el;
+      state.seriesCharts.set(name, c);
+    }
+    // One x axis for both sets: the completion numbers of either, the other set null there.
+    const pointsOf = (set) => {
+      const k = series.get(`${set}|${name}`);
+      return !k ? [] : k.latest ? [...k.points, k.latest] : k.points;
+    };
+    const train = pointsOf("train");
+    const dev = pointsOf("dev");
+    const xs = [...new Set([...train, ...dev].map((p) => p[0]))].sort((a, b) => a - b);
+    const at = (points) => { const m = new Map(points.map((p) => [p[0], p[2]])); return xs.map((x) => (m.has(x) ? m.get(x) : null)); };
+    c.setData([xs, at(train), at(dev)]);
+    c.el.dataset.points = String(train.length + dev.length);
+  }
 }
 
 // Records each worker's job count at time `t`, and returns each one's jobs per second over the
@@ -412,6 +480,7 @@ async function tick() {
       const status = await json(`/v1/runs/${encodeURIComponent(state.run)}?epochs=0`);
       const history = await fetchHistory(state.run);
       draw(status, history);
+      drawSeries(await fetchSeries(state.run));
       state.last = { status, history };
     }
   } catch (e) {

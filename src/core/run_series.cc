@@ -1,5 +1,6 @@
 #include "core/run_series.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace traincoord {
@@ -24,17 +25,21 @@ void Series::add(uint64_t n, int64_t epoch, double value) {
   latest_ = p;
 }
 
-std::vector<SeriesPoint> Series::points() const { return points_after(0); }
-
-std::vector<SeriesPoint> Series::points_after(uint64_t after) const {
-  std::vector<SeriesPoint> out;
-  for (const SeriesPoint& p : kept_) {
-    if (p.n > after) out.push_back(p);
-  }
-  if (latest_ && latest_->n > after && (kept_.empty() || kept_.back().n != latest_->n)) {
-    out.push_back(*latest_);
-  }
+std::vector<SeriesPoint> Series::points() const {
+  std::vector<SeriesPoint> out = kept_;
+  if (auto latest = latest_unkept()) out.push_back(*latest);
   return out;
+}
+
+std::vector<SeriesPoint> Series::kept_after(uint64_t after) const {
+  auto first = std::upper_bound(kept_.begin(), kept_.end(), after,
+                                [](uint64_t n, const SeriesPoint& p) { return n < p.n; });
+  return std::vector<SeriesPoint>(first, kept_.end());
+}
+
+std::optional<SeriesPoint> Series::latest_unkept() const {
+  if (!latest_ || (!kept_.empty() && kept_.back().n == latest_->n)) return std::nullopt;
+  return latest_;
 }
 
 std::string Series::consistent(const std::vector<SeriesPoint>& kept,

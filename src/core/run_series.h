@@ -45,8 +45,10 @@ class Series {
   void add(uint64_t n, int64_t epoch, double value);
   // The kept points, oldest first, then the latest value when the stride did not keep it.
   std::vector<SeriesPoint> points() const;
-  // The same, only those after completion `after`; REQUIRES nothing.
-  std::vector<SeriesPoint> points_after(uint64_t after) const;
+  // The kept points after completion `after` (not the latest value: latest_unkept()).
+  std::vector<SeriesPoint> kept_after(uint64_t after) const;
+  // The latest value when the stride did not keep it (a poll shows it until the next one).
+  std::optional<SeriesPoint> latest_unkept() const;
   uint64_t stride() const { return stride_; }
   uint64_t count() const { return count_; }  // finite values added
 

@@ -36,6 +36,9 @@ TEST(Series, KeepsEveryValueUntilFullThenHalvesEvenlyAndShowsTheLatest) {
     ASSERT_EQ(points[i].value, static_cast<double>(points[i].n));
   }
   EXPECT_EQ(points.back().n, total);  // the latest value, though the stride skips it
+  ASSERT_TRUE(s.latest_unkept().has_value());
+  EXPECT_EQ(s.latest_unkept()->n, total);
+  EXPECT_EQ(s.kept_after(total - 20).size(), 1u);  // 10,241 (= 1 + 640·16) only
   EXPECT_EQ(Series::consistent(s.kept(), s.latest(), s.stride(), s.count()), "");
 }
 
@@ -45,11 +48,12 @@ TEST(Series, APollGetsOnlyWhatCameAfterItsLastPointAndNonFiniteValuesAreNotKept)
   s.add(11, 2, std::numeric_limits<double>::quiet_NaN());
   s.add(12, 2, std::numeric_limits<double>::infinity());
   EXPECT_EQ(s.count(), 10u);
-  const std::vector<SeriesPoint> after = s.points_after(7);
+  const std::vector<SeriesPoint> after = s.kept_after(7);
   ASSERT_EQ(after.size(), 3u);
   EXPECT_EQ(after[0], (SeriesPoint{8, 2, 4.0}));
   EXPECT_EQ(after[2], (SeriesPoint{10, 2, 5.0}));
-  EXPECT_TRUE(s.points_after(10).empty());
+  EXPECT_TRUE(s.kept_after(10).empty());
+  EXPECT_EQ(s.latest_unkept(), std::nullopt);  // (stride 1: the latest is kept)
 }
 
 TEST(Series, PartsThatNoSeriesCouldHaveAreNamed) {

@@ -755,6 +755,7 @@ TEST_F(ApiTest, SeriesListEveryCompletionsLossAndMetricsAndAPollOnlyTheNewerOnes
   EXPECT_EQ(loss["points"][3][0].GetUint64(), 4u);  // n
   EXPECT_EQ(loss["points"][3][1].GetInt64(), 0);    // epoch
   EXPECT_DOUBLE_EQ(loss["points"][3][2].GetDouble(), 4.0);
+  EXPECT_TRUE(loss["latest"].IsNull());  // (every value kept: stride 1)
   const rapidjson::Document newer = json("GET", "/v1/runs/r/series?after=3");
   EXPECT_EQ(newer["after"].GetUint64(), 3u);
   for (const auto& series : newer["series"].GetArray()) {

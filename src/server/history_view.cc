@@ -216,11 +216,18 @@ void write_series(JsonWriter& j, const Run& run, uint64_t after) {
     j.begin_object();
     j.field("set", set_name(key.first)).field("name", key.second);
     j.field("stride", series.stride()).field("count", series.count());
-    j.key("points").begin_array();
-    for (const SeriesPoint& p : series.points_after(after)) {
+    auto point = [&](const SeriesPoint& p) {
       j.begin_array().value(p.n).value(p.epoch).value(p.value).end_array();
-    }
+    };
+    j.key("points").begin_array();
+    for (const SeriesPoint& p : series.kept_after(after)) point(p);
     j.end_array();
+    j.key("latest");  // the latest value when the stride did not keep it (else null)
+    if (const std::optional<SeriesPoint> latest = series.latest_unkept()) {
+      point(*latest);
+    } else {
+      j.null();
+    }
     j.end_object();
   }
   j.end_array();
@@ -230,7 +237,10 @@ void write_series(JsonWriter& j, const Run& run, uint64_t after) {
 std::string series_csv(const Run& run, uint64_t after) {
   std::string out = "set,name,n,epoch,value\n";
   for (const auto& [key, series] : run.series().all()) {
-    for (const SeriesPoint& p : series.points_after(after)) {
+    std::vector<SeriesPoint> points = series.kept_after(after);
+    if (auto latest = series.latest_unkept(); latest && latest->n > after)
+      points.push_back(*latest);
+    for (const SeriesPoint& p : points) {
       out += set_name(key.first);
       out += ',';
       csv_field(out, key.second);

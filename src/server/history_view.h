@@ -40,11 +40,12 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now);
 // The run's series (GET /v1/runs/{run}/series; core/run_series.h, docs/API.md): per set, the
 // loss and each metric of the counted completions, downsampled over the whole run, as
 // {"run", "completions", "after", "dropped_names", "series": [{"set", "name", "stride",
-// "count", "points": [[n, epoch, value], ...]}]}; only the points of completions numbered after
-// `after` (a poller asks after the last n it has; a series whose stride changed since is asked
-// again from 0).
+// "count", "points": [[n, epoch, value], ...], "latest": [n, epoch, value] or null}]}: the kept
+// points of completions numbered after `after` (a poller asks after the last n it has; a series
+// whose stride changed since is asked again from 0), and the latest value when the stride did
+// not keep it.
 void write_series(JsonWriter& j, const Run& run, uint64_t after);
-// The same as CSV (RFC 4180): set,name,n,epoch,value, a row per point.
+// The same as CSV (RFC 4180): set,name,n,epoch,value, a row per point (the latest one too).
 std::string series_csv(const Run& run, uint64_t after);
 
 }  // namespace traincoord

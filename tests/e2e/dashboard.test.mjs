@@ -5,9 +5,10 @@
 // logarithmic, each reported metric has its chart with the server's values, the best epoch is
 // marked, 1,002 workers make a table of 20 and a summary row, and a checkpoint cut and its
 // restore by a new group show in the cuts panel and stand out in the events. Saves a screenshot.
-// A run of 3,000 epochs: the page charts them all, and each poll after the first fetches only
-// what changed (a status without its epochs, the epochs from the oldest open one, the newer
-// completions), a few kB however long the run. A step-mode run (cost-balanced, its mode left to
+// A run of 3,000 epochs: the page charts them all, and the loss of every completion over the
+// whole run as the server's series hold it, and each poll after the first fetches only what
+// changed (a status without its epochs, the epochs from the oldest open one, the newer
+// completions, the series' newer points), a few kB however long the run. A step-mode run (cost-balanced, its mode left to
 // the default): the steps panel shows the server's steps done of planned per set, the fitted
 // cost model, each rank's batches and fitted speed, and the title says the run hands out steps.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
@@ -295,6 +296,19 @@ test("a run of 3,000 epochs: the page charts them all, and a poll fetches only w
     assert.ok(Math.abs(charted.y[0] - 1) < 1e-12 && Math.abs(charted.y[2999] - 1 / 3000) < 1e-12,
       `losses ${charted.y[0]}, ${charted.y[2999]}`);
     assert.equal(charted.y[3000], null);
+    // The loss of every completion over the whole run: the server's series, point for point
+    // (3,000 values at stride 4: 750 kept and the latest).
+    const series = await (await fetch(server.url + "/v1/runs/long/series")).json();
+    const loss = series.series.find((s) => s.set === "train" && s.name === "loss");
+    const expected = loss.latest ? [...loss.points, loss.latest] : loss.points;
+    assert.equal(loss.stride, 4);
+    assert.equal(expected.length, 751);
+    const lossChart = '.series-chart[data-name="loss"]';
+    await until("the whole-run loss charted", async () =>
+      Number(await page.getAttribute(lossChart, "data-points") || 0) === expected.length);
+    const drawn = await page.evaluate(() => state.seriesCharts.get("loss").data);
+    assert.deepEqual(drawn[0], expected.map((p) => p[0]));
+    assert.deepEqual(drawn[1], expected.map((p) => p[2]));
 
     // Five more epochs while the page polls: it charts them, fetching only what changed.
     const mark = replies.length;
@@ -308,6 +322,16 @@ test("a run of 3,000 epochs: the page charts them all, and a poll fetches only w
     const later = replies.slice(mark);
     const statuses = later.filter((r) => r.url.pathname === "/v1/runs/long");
     const histories = later.filter((r) => r.url.pathname === "/v1/runs/long/history");
+    const seriesPolls = later.filter((r) => r.url.pathname === "/v1/runs/long/series");
+    assert.ok(seriesPolls.length >= 2, `series polls: ${later.map((r) => r.url)}`);
+    for (const r of seriesPolls) {
+      assert.ok(Number(r.url.searchParams.get("after")) >= 3000, `only the newer points: ${r.url}`);
+      assert.ok(r.bytes > 0 && r.bytes < 2048, `a series poll of ${r.bytes} bytes: ${r.url}`);
+    }
+    await until("3,005 completions charted", async () => (await page.evaluate(() => {
+      const xs = state.seriesCharts.get("loss").data[0];
+      return xs[xs.length - 1];
+    })) === 3005);
     assert.ok(statuses.length >= 2 && histories.length >= 2, `polls: ${later.map((r) => r.url.search)}`);
     for (const r of statuses) {
       assert.equal(r.url.searchParams.get("epochs"), "0", `a status without epochs: ${r.url}`);
