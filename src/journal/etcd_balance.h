@@ -9,10 +9,12 @@
 // - every run must have a leader (a run without one is being campaigned for: wait for it);
 // - the run handed over last must be seen led by another coordinator (one hand-over at a time;
 //   given up after four gaps or a change of members), and `gap_ms` must have passed since;
-// - this coordinator leads more than its fair share, ceil(runs / live coordinators), AND some
-//   other live coordinator leads at least two runs fewer than it (hysteresis: a move never makes
-//   the loads swap, so the sum of the squared loads falls with every move: under a stable set of
-//   coordinators, moves stop after finitely many, no ping-pong);
+// - this coordinator leads more than its fair share, ceil(runs / live coordinators), and some
+//   other live coordinator leads at least two runs fewer (implied by the first under one
+//   consistent read, as observe() is: the loads sum to at most the runs; checked still). So a
+//   move goes from a load of at least share+1 to one of at most share-1: the sum of the squared
+//   loads falls with every move, and under a stable set of coordinators moves stop after
+//   finitely many (no ping-pong);
 // - the run handed over is one led here for at least `min_hold_ms`: of those, the one whose
 //   takeover replays the fewest records (then by name).
 // The campaign rule is EtcdRunElection::share's: a coordinator campaigns for a run with no leader

@@ -53,7 +53,7 @@ TEST(Rebalancer, HandsOverOnlyAboveItsShareAfterSettlingAndTheHoldTime) {
   EXPECT_EQ(a.decide(moved, {{"r2", 0}, {"r3", 0}}, 30'000), std::nullopt);
 }
 
-TEST(Rebalancer, HysteresisAndHoldTime) {
+TEST(Rebalancer, AtItsShareHeldTooShortOrNotAMemberItKeepsItsRuns) {
   const std::vector<std::string> abc{"a", "b", "c"};
   // 5 runs, 3 coordinators: a share is 2; a leads 3, b 2, c 0 -> a hands one over.
   auto seen = observation({{"r1", "a"}, {"r2", "a"}, {"r3", "a"}, {"r4", "b"}, {"r5", "b"}}, abc);
@@ -62,9 +62,9 @@ TEST(Rebalancer, HysteresisAndHoldTime) {
   EXPECT_EQ(a.decide(seen, since, 0), std::nullopt);
   EXPECT_EQ(a.decide(seen, since, 5999), std::nullopt);  // (held for less than 6 s)
   EXPECT_TRUE(a.decide(seen, since, 6000).has_value());
-  // a leads 3 above its share 2, but the least loaded leads 2: a move would only swap loads.
+  // 7 runs, 3 coordinators: a share is 3; a leads 3 (c none): at its share, it keeps them.
   auto close = observation(
-      {{"r1", "a"}, {"r2", "a"}, {"r3", "a"}, {"r4", "b"}, {"r5", "b"}, {"r6", "c"}, {"r7", "c"}},
+      {{"r1", "a"}, {"r2", "a"}, {"r3", "a"}, {"r4", "b"}, {"r5", "b"}, {"r6", "b"}, {"r7", "b"}},
       abc);
   Rebalancer a2("a", kPolicy);
   EXPECT_EQ(a2.decide(close, since, 0), std::nullopt);

@@ -92,9 +92,11 @@ TEST(HighAvailabilityConfig, AChangeAppliedAtTakeoverSurvivesTheNextTakeover) {
     auto a = ServerProcess::start({"--config", one, "--journal", journal});
     ASSERT_TRUE(a);
     ASSERT_TRUE(eventually([&] { return http(a->url(), "GET", "/v1/runs/x").status == 200; }));
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 2; ++w) workers.emplace_back([&, w] { work({a->url()}, "x", w, log); });
-    for (auto& t : workers) t.join();
+    testing::WorkerThreads workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.threads.emplace_back([&, w] { work({a->url()}, "x", w, log); });
+    }
+    workers.join();
     ASSERT_FALSE(log.failed);
     expect_completed_exactly_once(a->url(), "x", 1, log);
     a->kill(SIGTERM);  // (its lease revoked: the next coordinator need not wait out its TTL)
@@ -117,9 +119,9 @@ TEST(HighAvailabilityConfig, AChangeAppliedAtTakeoverSurvivesTheNextTakeover) {
   // Half of the second epoch under b, then b stops and c takes the run over.
   std::atomic<bool> gate{true};
   const int before = log.completions.load();
-  std::vector<std::thread> workers;
+  testing::WorkerThreads workers{{}, &gate};
   for (int w = 2; w < 4; ++w) {
-    workers.emplace_back([&, w] {
+    workers.threads.emplace_back([&, w] {
       work({b->url(), c->url()}, "x", w, log, &gate, before + kTrain / 2);
     });
   }
@@ -128,8 +130,7 @@ TEST(HighAvailabilityConfig, AChangeAppliedAtTakeoverSurvivesTheNextTakeover) {
   b->kill(SIGTERM);
   ASSERT_TRUE(eventually([&] { return http(c->url(), "GET", "/v1/runs/x").status == 200; }))
       << c->read_output();
-  gate = false;
-  for (auto& t : workers) t.join();
+  workers.join();
   ASSERT_TRUE(halfway);
   ASSERT_FALSE(log.failed) << c->read_output();
   expect_completed_exactly_once(c->url(), "x", 2, log);
@@ -163,11 +164,11 @@ TEST(HighAvailabilityRebalance, ALateCoordinatorIsHandedARunAndEveryJobCountsOnc
   std::atomic<bool> gate{true};
   std::map<std::string, RunLog> logs;
   for (const std::string& n : names) logs[n];
-  std::vector<std::thread> workers;
+  testing::WorkerThreads workers{{}, &gate};
   for (const std::string& n : names) {
     for (int w = 0; w < 2; ++w) {
       // (a third of the run before the gate: work is left for after the hand-over)
-      workers.emplace_back(
+      workers.threads.emplace_back(
           [&, n, w] { work({a->url()}, n, w, logs[n], &gate, (kTrain + kDev) * 2 / 3); });
     }
   }
@@ -181,8 +182,7 @@ TEST(HighAvailabilityRebalance, ALateCoordinatorIsHandedARunAndEveryJobCountsOnc
     return !led_by_b.empty();
   });
   // The workers know only a: they follow its 421s to b.
-  gate = false;
-  for (auto& t : workers) t.join();
+  workers.join();
   ASSERT_TRUE(handed) << a->read_output() << "\n" << http(b->url(), "GET", "/v1/coordinator").body;
   const std::string a_said = a->read_output();
   EXPECT_NE(a_said.find("run " + led_by_b + " handed over to balance the runs"), std::string::npos)

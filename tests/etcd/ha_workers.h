@@ -136,6 +136,21 @@ inline void work(std::vector<std::string> urls, const std::string& run, int w, R
   }
 }
 
+// Worker threads, joined when it goes out of scope (also when a failed ASSERT returns early: a
+// joinable thread destroyed would end the process without stopping its servers); `gate` is
+// opened first.
+struct WorkerThreads {
+  std::vector<std::thread> threads;
+  std::atomic<bool>* gate = nullptr;
+  void join() {
+    if (gate) *gate = false;
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  }
+  ~WorkerThreads() { join(); }
+};
+
 // GET /v1/coordinator's per-run view: run -> {role, leader, term}.
 inline std::map<std::string, std::tuple<std::string, std::string, int64_t>> runs_of(
     const std::string& url) {
