@@ -279,6 +279,18 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
               if (file.config.name != r.run) continue;
               const ConfigChange check = check_config_change(file, run, args.apply_config_changes);
               if (check.changed.empty()) continue;
+              if (!args.apply_config_changes) {
+                std::cerr << "traincoord: run " << r.run << " (" << file.path
+                          << "): its config in etcd differs from this file in "
+                          << join(check.changed)
+                          << " (changed by --apply-config-changes on another coordinator, or "
+                             "this file is not the run's); serving run "
+                          << r.run
+                          << " with its config in etcd. Make the file the run's, or restart "
+                             "with --apply-config-changes to apply it when this coordinator "
+                             "next takes the run over\n";
+                continue;
+              }
               if (!check.refused.empty()) {
                 std::cerr << "traincoord: " << check.refused << "; serving run " << r.run
                           << " with its config in etcd (unchanged)\n";
