@@ -50,8 +50,9 @@ int fail(const std::string& message) {
 // replayed apart (restore_engine, as a restart does; a changed config file applied there under
 // --apply-config-changes), then handed to the engine thread, which adds it while serving the
 // others. Above its fair share, it hands runs over one at a time (journal/etcd_balance.h). A
-// refused write steps that run down alone (the commit thread); a lost lease steps them all down. SIGINT/SIGTERM: the writes accepted are finished,
-// then the lease is revoked (the other coordinators take the runs over at once).
+// refused write steps that run down alone (the commit thread); a lost lease steps them all down.
+// SIGINT/SIGTERM: the writes accepted are finished, then the lease is revoked (the other
+// coordinators take the runs over at once).
 static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                     ServerOptions options, sigset_t signals) {
   auto etcd_options = parse_etcd_url(args.journal);
