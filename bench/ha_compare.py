@@ -133,9 +133,10 @@ def serve(procs, work, name, args, binary=TRAINCOORD):
                p.poll() is not None)
     if p.poll() is not None:
         raise RuntimeError(f"ha_compare: {name} exited:\n" + Path(f"{work}/{name}.out").read_text())
-    if "--journal" in args:  # (a standby answers /v1/runs too)
-        wait_until(f"{name} leading", lambda: (http("GET", f"{url}/v1/coordinator")[1] or {})
-                   .get("role") == "leader")
+    if "--journal" in args:  # (a standby answers /v1/runs too) once it has read etcd: leadership
+        # is per run, and the run the load generator creates is led by this coordinator
+        wait_until(f"{name} joined", lambda: ((http("GET", f"{url}/v1/coordinator")[1] or {})
+                                              .get("members") or 0) >= 1)
     return p, url
 
 

@@ -71,6 +71,18 @@ tl::expected<RestoreReport, std::string> open_data_dir(const StoreOptions& optio
                                                        ServerClock& clock,
                                                        std::unique_ptr<Store>* store);
 
+// A config file for a run that exists (`run`, as its journal holds it), under
+// --apply-config-changes when `apply`: `changed` lists the fields that differ (none: nothing to
+// do); `refused` says why they are not applied (empty: they may be), naming the fields: without
+// `apply`, any difference; with it, a field a started run cannot change, schedule.epochs of a
+// seed_compat run, or a target epoch below those the run has opened. The SQLite journal's start
+// (add_runs) and a takeover in etcd (serve_ha) share it.
+struct ConfigChange {
+  std::vector<std::string> changed;
+  std::string refused;
+};
+ConfigChange check_config_change(const ConfigFile& file, const Run& run, bool apply);
+
 // The runs of `files` in `engine`: a run it holds already is reconciled with its file
 // (reconcile, `apply` = --apply-config-changes), a new one created (and added to `store` when
 // not null); then the store commits. `fail` says a failure and returns its exit status.

@@ -111,5 +111,28 @@ TEST(HostState, ADataDirKeepsTheRunsAdded) {
   std::filesystem::remove_all(dir);
 }
 
+// The check that --apply-config-changes makes at a start (SQLite) and at a takeover (etcd):
+// without the flag any difference is refused naming the fields; with it, schedule.epochs may be
+// raised, a field that shapes the plan may not change.
+TEST(HostConfigChange, TheFlagAllowsWhatAStartedRunMayChangeAndNamesTheRest) {
+  ServerClock clock;
+  Engine engine(clock);
+  auto run = engine.create_run(config_file(2).config);
+  ASSERT_TRUE(run);
+  EXPECT_TRUE(check_config_change(config_file(2), **run, false).changed.empty());
+  const ConfigChange no_flag = check_config_change(config_file(3), **run, false);
+  EXPECT_EQ(no_flag.changed, std::vector<std::string>{"schedule.epochs"});
+  EXPECT_NE(no_flag.refused.find("these fields differ: schedule.epochs"), std::string::npos)
+      << no_flag.refused;
+  const ConfigChange raised = check_config_change(config_file(3), **run, true);
+  EXPECT_EQ(raised.changed, std::vector<std::string>{"schedule.epochs"});
+  EXPECT_EQ(raised.refused, "");
+  ConfigFile batches = config_file(3);
+  batches.config.train_batches = 20;
+  const ConfigChange fixed = check_config_change(batches, **run, true);
+  EXPECT_NE(fixed.refused.find("a started run cannot change"), std::string::npos) << fixed.refused;
+  EXPECT_NE(fixed.refused.find("train_batches"), std::string::npos) << fixed.refused;
+}
+
 }  // namespace
 }  // namespace traincoord::cli

@@ -19,6 +19,7 @@
 #include "config/config_file.h"
 #include "core/engine.h"
 #include "core/run_codec.h"
+#include "journal/etcd_balance.h"
 #include "journal/etcd_options.h"
 #include "journal/etcd_run_journal.h"
 #include "server/auth.h"
@@ -46,10 +47,12 @@ int fail(const std::string& message) {
 // not lead is answered 421 not_leader naming that run's leader. This thread keeps the one etcd
 // lease alive, reads every run's leader and head every 200 ms, and campaigns for runs that have
 // no leader while it leads fewer than its fair share; a run it wins is read from etcd and
-// replayed apart (restore_engine, as a restart does), then handed to the engine thread, which
-// adds it while serving the others. A refused write steps that run down alone (the commit
-// thread); a lost lease steps them all down. SIGINT/SIGTERM: the writes accepted are finished,
-// then the lease is revoked (the other coordinators take the runs over at once).
+// replayed apart (restore_engine, as a restart does; a changed config file applied there under
+// --apply-config-changes), then handed to the engine thread, which adds it while serving the
+// others. Above its fair share, it hands runs over one at a time (journal/etcd_balance.h). A
+// refused write steps that run down alone (the commit thread); a lost lease steps them all down.
+// SIGINT/SIGTERM: the writes accepted are finished, then the lease is revoked (the other
+// coordinators take the runs over at once).
 static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                     ServerOptions options, sigset_t signals) {
   auto etcd_options = parse_etcd_url(args.journal);
@@ -70,9 +73,6 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   // Replay on takeover reads every record since the snapshot: keep it short by default.
   etcd_options->snapshot_every =
       args.snapshot_every == ServeArgs{}.snapshot_every ? 10'000 : args.snapshot_every;
-  if (args.apply_config_changes) {
-    return fail("--apply-config-changes is not supported with --journal etcd:// yet");
-  }
   Leadership leadership(args.advertise_url);
   options.leadership = &leadership;
   std::thread signal_thread([&] {
@@ -153,6 +153,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   uint64_t seen_changes = 0;
   std::vector<std::string> led_before;
   std::map<std::string, int64_t> leaders_said, said_leading;
+  std::map<std::string, int64_t> led_since;  // the runs led here, since when (ms, steady clock)
+  Rebalancer rebalancer(url, BalancePolicy::for_lease_ttl(args.lease_ttl_s));
   while (!leadership.stop_requested() && rc == 0) {
     // The lease: kept alive a third of its TTL at a time; lost (or not renewed within its TTL),
     // every leadership ends, and a new lease is taken to campaign anew.
@@ -253,6 +255,11 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         std::string bytes;
         std::optional<RunConfig> config;
         RestoreReport report;
+        struct ConfigApplied {
+          std::string fields, path, text;
+          TimeMs created = 0;
+        };
+        std::optional<ConfigApplied> applied;
         if (!refused) {
           ServerClock scratch_clock;
           Engine scratch(scratch_clock);
@@ -264,18 +271,46 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           } else {
             report = *restored;
             const Run& run = **scratch.find(r.run);
-            for (const ConfigFile& file : files) {
-              if (file.config.name != r.run) continue;
-              const auto changed = config_differences(run.config(), file.config);
-              if (!changed.empty()) {
-                std::cerr << "traincoord: run " << r.run << " (" << file.path
-                          << ") was started with a different config; these fields differ: "
-                          << join(changed) << ". Give the run a new name to start afresh\n";
-                rc = exit_code::kUsage;
-              }
-            }
             bytes = RunCodec::save(run);
             config = run.config();
+            // Its config file (docs/HA.md "Changing a run's config"): the config in etcd is the
+            // run's; a file that differs is applied only with --apply-config-changes and when a
+            // started run may take it, by this takeover, journalled with the run's next write
+            // (so every later leader serves it); otherwise the run goes on as etcd holds it.
+            for (const ConfigFile& file : files) {
+              if (file.config.name != r.run) continue;
+              const ConfigChange check = check_config_change(file, run, args.apply_config_changes);
+              if (check.changed.empty()) continue;
+              if (!args.apply_config_changes) {
+                std::cerr << "traincoord: run " << r.run << " (" << file.path
+                          << "): its config in etcd differs from this file in "
+                          << join(check.changed)
+                          << " (changed by --apply-config-changes on another coordinator, or "
+                             "this file is not the run's); serving run "
+                          << r.run
+                          << " with its config in etcd. Make the file the run's, or restart "
+                             "with --apply-config-changes to apply it when this coordinator "
+                             "next takes the run over\n";
+                continue;
+              }
+              if (!check.refused.empty()) {
+                std::cerr << "traincoord: " << check.refused << "; serving run " << r.run
+                          << " with its config in etcd (unchanged)\n";
+                continue;
+              }
+              auto updated = RunCodec::load(file.config, bytes, scratch_clock);
+              if (!updated) {
+                std::cerr << "traincoord: run " << r.run << " (" << file.path
+                          << "): " << updated.error().message << "; serving run " << r.run
+                          << " with its config in etcd (unchanged)\n";
+                continue;
+              }
+              bytes = RunCodec::save(**updated);
+              config = file.config;
+              applied = ConfigApplied{join(check.changed), file.path,
+                                      durable_config_text(file.text, file.config),
+                                      copy->saved.created_ms};
+            }
           }
         }
         if (rc != 0) {
@@ -289,8 +324,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         }
         const int64_t lease = election.lease();
         server->post([&, name = r.run, term, lease, copy = std::move(*copy),
-                      bytes = std::move(bytes), config = std::move(*config), report,
-                      won_at](Coordinator& c) mutable {
+                      bytes = std::move(bytes), config = std::move(*config), report, won_at,
+                      applied = std::move(applied)](Coordinator& c) mutable {
           auto run = RunCodec::load(std::move(config), bytes, c.clock());
           if (!run) {
             std::cerr << "traincoord: cannot take run " << name << " over: " << run.error().message
@@ -298,9 +333,18 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
             return;
           }
           if (copy.head_time > c.clock().now()) c.clock().go_live(copy.head_time);
+          if (applied) {
+            (*run)->note_config_change("changed by --apply-config-changes: " + applied->fields);
+          }
           if (options.auth) (void)options.auth->worker_token(name);
           c.engine().adopt(std::move(*run));
           journal.lead(name, term, lease, copy);
+          if (applied) {
+            // (written with a snapshot in the run's next txn, before any reply under it)
+            journal.add_config(name, "toml", applied->text, applied->created);
+            std::cout << "traincoord: applied the changed " << applied->fields << " to run " << name
+                      << " (" << applied->path << ")" << std::endl;
+          }
           leadership.lead(name, term);
           c.drop_parked(name);
           const double after =
@@ -310,6 +354,31 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                     << report.records << " log records; serving " << after << " s after winning"
                     << std::endl;
         });
+      }
+      // Rebalancing (journal/etcd_balance.h, docs/HA.md "Rebalancing"): above its fair share
+      // while another live coordinator leads two runs fewer, this coordinator hands one run
+      // over: it steps down from it (its replies stop; below, its leader key is deleted), and
+      // a coordinator below its share campaigns for it.
+      const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+      const std::vector<std::string> leading = leadership.led();
+      std::erase_if(led_since, [&](const auto& entry) {
+        return std::find(leading.begin(), leading.end(), entry.first) == leading.end();
+      });
+      for (const std::string& run : leading) led_since.emplace(run, now_ms);
+      if (auto run = rebalancer.decide(*seen, led_since, now_ms)) {
+        size_t mine = 0;
+        for (const RunInEtcd& r : seen->runs) mine += r.leader == url ? 1 : 0;
+        const std::string why = "handed over to balance the runs (this coordinator led " +
+                                std::to_string(mine) + " of " + std::to_string(seen->runs.size()) +
+                                ", " + std::to_string(seen->members) +
+                                " coordinators live: a fair share is " +
+                                std::to_string(EtcdRunElection::share(*seen)) + ")";
+        if (leadership.step_down(*run, why)) {
+          std::cout << "traincoord: run " << *run << " " << why << std::endl;
+        }
+        rebalancer.handed(*run, now_ms);
       }
     }
     for (const std::string& run : leadership.led()) {

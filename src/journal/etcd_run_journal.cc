@@ -131,7 +131,7 @@ Result<RunsObservation> EtcdRunElection::observe() {
   auto r = client_->txn({}, {{Op::Kind::kRange, leaders, {}, etcd::prefix_end(leaders), 0, 0},
                              {Op::Kind::kRange, heads, {}, etcd::prefix_end(heads), 0, 0},
                              {Op::Kind::kRange, snaps, {}, etcd::prefix_end(snaps), 0, 0},
-                             {Op::Kind::kRange, members, {}, etcd::prefix_end(members), 0, 1}});
+                             {Op::Kind::kRange, members, {}, etcd::prefix_end(members), 0, 0}});
   if (!r) return tl::unexpected(r.error());
   if (r->ranges.size() != 4)
     return failed_precondition("etcd answered a txn of 4 reads with " +
@@ -163,6 +163,7 @@ Result<RunsObservation> EtcdRunElection::observe() {
     o.runs.push_back(std::move(run));
   }
   o.members = static_cast<size_t>(r->ranges[3].count);
+  for (const etcd::KeyValue& kv : r->ranges[3].kvs) o.member_urls.push_back(kv.value);
   return o;
 }
 
@@ -447,6 +448,20 @@ void EtcdRunJournal::add_completion(const CompletionRow&) {
   pending_->completions += 1;
 }
 
+void EtcdRunJournal::add_config(const std::string& run, std::string_view format,
+                                std::string_view text, TimeMs created) {
+  std::shared_ptr<Lead> lead;
+  {
+    std::lock_guard lock(mu_);
+    auto it = led_.find(run);
+    if (it == led_.end()) return;  // not led here (any more): never written
+    lead = it->second;
+  }
+  if (!pending_) pending_ = std::make_unique<Batch>();
+  pending_->part(run, lead->generation, lead).config =
+      SavedRun{run, std::string(format), std::string(text), created, std::nullopt, 0};
+}
+
 std::unique_ptr<JournalBatch> EtcdRunJournal::take(const Engine& engine, bool snapshots,
                                                    TimeMs now) {
   auto batch = pending_ ? std::move(pending_) : std::make_unique<Batch>();
@@ -456,6 +471,14 @@ std::unique_ptr<JournalBatch> EtcdRunJournal::take(const Engine& engine, bool sn
       r.seq = lead.next_seq++;
       lead.last_seq = r.seq;
       lead.since_snapshot += 1;
+    }
+    // A changed config goes with a snapshot of the run under it (one txn: the config key, the
+    // snapshot's key, the head), so no leader replays records of the old config under the new.
+    if (part.config && !part.snapshot) {
+      if (auto run = engine.find(part.run)) {
+        part.snapshot = Batch::Snapshot{lead.last_seq, now, RunCodec::save(**run)};
+        lead.since_snapshot = 0;
+      }
     }
   }
   if (snapshots) {

@@ -34,8 +34,9 @@
 // coordinator that leads fewer than its fair share, ceil(runs / live members); the first txn
 // wins. A run created on a coordinator (a config file at start, or POST /v1/runs) is led by it:
 // the txn that writes its config also creates its leader key, and is refused if the run exists
-// (another coordinator created it first). Nothing hands a run over while its leader lives (no
-// rebalancing): runs move only when their leader is lost or resigns.
+// (another coordinator created it first). A leader above its fair share hands runs over one at a
+// time to a coordinator that joined later (journal/etcd_balance.h: it resigns the run, which the
+// newcomer's campaign takes); otherwise runs move only when their leader is lost or resigns.
 //
 // Migration: a prefix written by the per-process layout of earlier versions (a PREFIX/head or
 // PREFIX/leader key) is refused with an error saying so; serve those runs with a version of
@@ -74,8 +75,9 @@ struct RunInEtcd {
 };
 
 struct RunsObservation {
-  std::vector<RunInEtcd> runs;  // by name
-  size_t members = 0;           // live coordinators (member keys), this one included
+  std::vector<RunInEtcd> runs;           // by name
+  size_t members = 0;                    // live coordinators (member keys), this one included
+  std::vector<std::string> member_urls;  // their advertised URLs
 };
 
 // A run as etcd holds it, read by the coordinator that just won it (to replay it).
@@ -203,6 +205,12 @@ class EtcdRunJournal final : public Journal {
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                   std::string_view body, int outcome, std::string_view reply = {}) override;
   void add_completion(const CompletionRow& row) override;
+  // A changed config of a run led here (--apply-config-changes, applied when this coordinator
+  // took the run over; `created`: when the run was created): the next take() writes it with a
+  // snapshot of the run as the engine holds it then, in the run's next fenced txn, so that every
+  // later leader reads the run under it. The engine thread's, as add_record.
+  void add_config(const std::string& run, std::string_view format, std::string_view text,
+                  TimeMs created);
   std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) override;
   // Writes each run of the batch still led under the generation it was taken under, in its own
   // fenced txns. Returns an error (reason not_leader) when some run's write was refused or
