@@ -54,8 +54,10 @@ def rank_main(args):
     """One rank of one way: trains, prints {"elapsed": seconds, "sections": {...}} as its last
     line: the seconds its train batches spent waiting for the batch ("batch": the loader, and
     the sampler or the coordinator's feed behind it), in forward, backward, all-reduce and
-    optimizer ("compute"), off the CPU ("off_cpu"), and in the report ("report"); "train" the
-    number of train batches; the rest of "elapsed" is the dev phases and the phases' changes."""
+    optimizer ("compute"), off the CPU ("off_cpu"), in the report ("report"), in the dev
+    phases' loops ("dev"); "train" the number of train batches; the rest of "elapsed" is the
+    changes of phase (in traincoord's ways: the last reports, the wait for the other ranks',
+    and the next phase's batches)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -75,7 +77,8 @@ def rank_main(args):
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    sections = {"batch": 0.0, "compute": 0.0, "off_cpu": 0.0, "report": 0.0, "train": 0}
+    sections = {"batch": 0.0, "compute": 0.0, "off_cpu": 0.0, "report": 0.0, "train": 0,
+                "dev": 0.0}
 
     def train_step(x, y, scale=1.0):
         begin = time.perf_counter()
@@ -123,9 +126,11 @@ def rank_main(args):
             train_sampler.set_epoch(epoch)
             for x, y, *_ in timed(train):
                 train_step(x, y)
+            begin = time.perf_counter()
             with torch.no_grad():
                 for x, y, *_ in dev:
                     loss_fn(model(x), y)
+            sections["dev"] += time.perf_counter() - begin
     else:
         run = traincoord.Run(args.url, args.run, f"rank{os.environ['RANK']}")
         phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV},
@@ -153,9 +158,11 @@ def rank_main(args):
                     for x, y, *_ in timed(loader(train_set, phase)):
                         report(phase, train_step(x, y))
             else:
+                begin = time.perf_counter()
                 with torch.no_grad():
                     for x, y, *_ in loader(dev_set, phase):
                         phase.report(loss_fn(model(x), y).item())
+                sections["dev"] += time.perf_counter() - begin
         run.close()
     elapsed = time.perf_counter() - start
     if world > 1:
@@ -203,6 +210,8 @@ def main():
     parser.add_argument("--target", action="store_true",
                         help="issue 32's target: step mode vs DistributedSampler, 1 and 4 "
                              "ranks, 0 and 2 loader workers, side by side")
+    parser.add_argument("--shapes", default="1x0,1x2,4x0,4x2",
+                        help="--target's configurations: RANKSxLOADER_WORKERS, comma-separated")
     parser.add_argument("--traincoord", default=str(REPO / "build" / "traincoord"))
     parser.add_argument("--rank-of", dest="way", default="", help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
@@ -273,7 +282,7 @@ def target(args):
     """Issue 32's target: step mode against DistributedSampler on 1 and 4 ranks, with 0 and 2
     loader workers, every configuration and way in turns within each round."""
     from train import DEV, TRAIN
-    shapes = [(1, 0), (1, 2), (4, 0), (4, 2)]  # (ranks, loader workers)
+    shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
     times = {(shape, way): [] for shape in shapes for way in ("sampler", "steps")}
     with tempfile.TemporaryDirectory() as tmp:
         configs = []
@@ -306,17 +315,18 @@ def target(args):
               f"{ratio:5.2f}x  <= {TARGET:.2f}x {'met' if ratio <= TARGET else 'MISSED'}")
     print("where an epoch's time goes (the slowest rank of each best run), ms per train batch: "
           "waiting for the batch, compute (forward, backward, all-reduce, optimizer), off the "
-          "CPU, the report; and ms per epoch outside the train batches (dev, phase changes):")
+          "CPU, the report; and ms per epoch in the dev loops, and in neither (changes of phase):")
     for shape in shapes:
         for way in ("sampler", "steps"):
             elapsed, sec = min(times[(shape, way)], key=first)
             n = max(1, sec["train"])
-            outside = elapsed - sec["batch"] - sec["compute"] - sec["off_cpu"] - sec["report"]
+            outside = (elapsed - sec["batch"] - sec["compute"] - sec["off_cpu"] - sec["report"]
+                       - sec["dev"])
             print(f"  {shape[0]} rank(s), {shape[1]} workers, {way:8s}: batch "
                   f"{sec['batch'] / n * 1000:5.3f}  compute {sec['compute'] / n * 1000:5.3f}  "
                   f"off-CPU {sec['off_cpu'] / n * 1000:5.3f}  report "
-                  f"{sec['report'] / n * 1000:5.3f}  | outside "
-                  f"{outside / args.epochs * 1000:6.1f} ms/epoch")
+                  f"{sec['report'] / n * 1000:5.3f}  | dev {sec['dev'] / args.epochs * 1000:5.1f}"
+                  f"  changes {outside / args.epochs * 1000:5.1f} ms/epoch")
 
 
 if __name__ == "__main__":

@@ -1321,7 +1321,6 @@ class JobFeed:
         with self._cv:
             self._raise_error()
             self._outbox.append(job)
-            self._dry = False  # a completion may open the next epoch
             if len(self._outbox) == 1:
                 self._first_queued = time.monotonic()
             self._wake()
@@ -1412,7 +1411,9 @@ class JobFeed:
                 need = 0 if stopping else max(0, self._depth - len(self._ready))
                 if not stopping and asked > self._answered:
                     need = max(need, 1)
-                if self._dry and asked <= self._answered and not self._long_poll:
+                # After a "wait" (no job for this worker now), ask again only with completions
+                # (they may open the next epoch) or for the consumer: not once per completion.
+                if self._dry and asked <= self._answered and not self._long_poll and not done:
                     need = 0
                 long_poll = self._long_poll and not done and not releases and need > 0
             try:
