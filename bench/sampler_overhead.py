@@ -55,7 +55,8 @@ def rank_main(args):
     line: the seconds its train batches spent waiting for the batch ("batch": the loader, and
     the sampler or the coordinator's feed behind it), in forward, backward, all-reduce and
     optimizer ("compute"), off the CPU ("off_cpu"), in the report ("report"), in the dev
-    phases' loops ("dev"); "train" the number of train batches; the rest of "elapsed" is the
+    phases' loops ("dev"), in Run() and Phases() and run.close() ("setup", once per run);
+    "train" the number of train batches; the rest of "elapsed" is the
     changes of phase (in traincoord's ways: the last reports, the wait for the other ranks',
     and the next phase's batches)."""
     import torch
@@ -78,7 +79,7 @@ def rank_main(args):
     loss_fn = nn.CrossEntropyLoss()
 
     sections = {"batch": 0.0, "compute": 0.0, "off_cpu": 0.0, "report": 0.0, "train": 0,
-                "dev": 0.0}
+                "dev": 0.0, "setup": 0.0}
 
     def train_step(x, y, scale=1.0):
         begin = time.perf_counter()
@@ -132,9 +133,11 @@ def rank_main(args):
                     loss_fn(model(x), y)
             sections["dev"] += time.perf_counter() - begin
     else:
+        begin = time.perf_counter()
         run = traincoord.Run(args.url, args.run, f"rank{os.environ['RANK']}")
         phases = traincoord.torch.Phases(run, batch_size=32, sizes={"train": TRAIN, "dev": DEV},
                                          prefetch=args.prefetch)
+        sections["setup"] += time.perf_counter() - begin
         # With loader workers, one DataLoader per set kept across phases (persistent workers,
         # as the sampler's): a worker's start is not what is measured.
         kept = {name: torch.utils.data.DataLoader(data, batch_sampler=phases.sampler(name),
@@ -163,7 +166,9 @@ def rank_main(args):
                     for x, y, *_ in loader(dev_set, phase):
                         phase.report(loss_fn(model(x), y).item())
                 sections["dev"] += time.perf_counter() - begin
+        begin = time.perf_counter()
         run.close()
+        sections["setup"] += time.perf_counter() - begin
     elapsed = time.perf_counter() - start
     if world > 1:
         dist.destroy_process_group()
@@ -315,18 +320,20 @@ def target(args):
               f"{ratio:5.2f}x  <= {TARGET:.2f}x {'met' if ratio <= TARGET else 'MISSED'}")
     print("where an epoch's time goes (the slowest rank of each best run), ms per train batch: "
           "waiting for the batch, compute (forward, backward, all-reduce, optimizer), off the "
-          "CPU, the report; and ms per epoch in the dev loops, and in neither (changes of phase):")
+          "CPU, the report; ms per epoch in the dev loops and in changes of phase; ms per run "
+          "in Run(), Phases() and run.close():")
     for shape in shapes:
         for way in ("sampler", "steps"):
             elapsed, sec = min(times[(shape, way)], key=first)
             n = max(1, sec["train"])
             outside = (elapsed - sec["batch"] - sec["compute"] - sec["off_cpu"] - sec["report"]
-                       - sec["dev"])
+                       - sec["dev"] - sec["setup"])
             print(f"  {shape[0]} rank(s), {shape[1]} workers, {way:8s}: batch "
                   f"{sec['batch'] / n * 1000:5.3f}  compute {sec['compute'] / n * 1000:5.3f}  "
                   f"off-CPU {sec['off_cpu'] / n * 1000:5.3f}  report "
                   f"{sec['report'] / n * 1000:5.3f}  | dev {sec['dev'] / args.epochs * 1000:5.1f}"
-                  f"  changes {outside / args.epochs * 1000:5.1f} ms/epoch")
+                  f"  changes {outside / args.epochs * 1000:5.1f} ms/epoch  | setup "
+                  f"{sec['setup'] * 1000:5.1f} ms/run")
 
 
 if __name__ == "__main__":
