@@ -55,6 +55,9 @@ MAX_REPLY_BYTES = 64 << 20
 # within these bounds, so that a coordinator cannot make it send heartbeats in a busy loop.
 HEARTBEAT_INTERVAL_MIN_S = 0.1
 HEARTBEAT_INTERVAL_MAX_S = 60.0
+# The longest a JobFeed holds a queued completion before sending it without a full group:
+# what the coordinator hears of a rank (losses, batch times, progress) lags by at most this.
+REPORT_DELAY_MAX_S = 1.0
 
 
 class CoordinatorError(Exception):
@@ -910,12 +913,14 @@ class Run:
                                    code="invalid_argument", field="group")
 
     def feed(self, depth: int = 2, prepare: "Callable[[Job], None] | None" = None,
-             before_close: "Callable[[], None] | None" = None) -> "JobFeed":
+             before_close: "Callable[[], None] | None" = None,
+             per_request: int | None = None) -> "JobFeed":
         """A background thread that keeps `depth` jobs fetched ahead of the caller and sends
         completions without blocking it (docs/PYTHON.md, "Prefetch"). `prepare(job)` runs on
         that thread for each job as it arrives (e.g. to compute its samples); `before_close()`
-        runs first thing in its close()."""
-        feed = JobFeed(self, depth, prepare, before_close)
+        runs first thing in its close(). per_request: jobs fetched, and completions sent, per
+        round trip (1 to depth; default depth / 2)."""
+        feed = JobFeed(self, depth, prepare, before_close, per_request)
         self._feeds.append(feed)
         return feed
 
@@ -1209,20 +1214,33 @@ class JobFeed:
 
     The thread keeps up to `depth` jobs fetched (each a held lease: heartbeated, and given back
     by ``close``), and sends the completions queued by ``complete`` together with the request
-    for the next jobs, about depth / 2 of each per round trip. It never long-polls while completions are queued, so an epoch barrier
-    that waits on this worker's own completions cannot stall. Errors it meets are raised by the
-    next call of the consumer."""
+    for the next jobs, `per_request` of each per round trip (default depth / 2). It never
+    long-polls while completions are queued, so an epoch barrier that waits on this worker's
+    own completions cannot stall. Errors it meets are raised by the next call of the consumer.
+
+    The consumer's calls (head, pop, complete) are bookkeeping under a lock: they wake the
+    thread only when it has something to do (a group of completions to send, room for a group
+    of jobs, a question), so that a training loop is not interrupted once per batch by a thread
+    that finds nothing to do (each wake-up takes the GIL from the loop)."""
 
     def __init__(self, run: Run, depth: int = 2, prepare: Callable[[Job], None] | None = None,
-                 before_close: Callable[[], None] | None = None) -> None:
+                 before_close: Callable[[], None] | None = None,
+                 per_request: int | None = None) -> None:
         if not 1 <= depth <= 64:
             raise CoordinatorError(f"depth must be 1 to 64, got {depth}", field="depth")
+        if per_request is not None and not 1 <= per_request <= depth:
+            raise CoordinatorError(f"per_request must be 1 to depth ({depth}), got {per_request}",
+                                   field="per_request")
         self._run, self._depth, self._prepare = run, depth, prepare
+        # Jobs fetched, and completions sent, per round trip: the group is asked for while the
+        # rest is still ahead of the consumer.
+        self._group = per_request if per_request is not None else max(1, depth // 2)
         self._before_close = before_close
         self._conn = run._channel()
         self._cv = threading.Condition()
         self._ready: collections.deque[Job] = collections.deque()
         self._outbox: list[Job] = []
+        self._first_queued = 0.0  # time.monotonic() when the oldest in the outbox was queued
         self._releases: list[Job] = []
         self._in_flight = 0  # completions and releases taken by the thread, not yet answered
         self._dry = False  # the last acquire found no job right now
@@ -1287,7 +1305,7 @@ class JobFeed:
         """Takes the job head() or wait() returned."""
         with self._cv:
             job = self._ready.popleft()
-            self._cv.notify_all()  # room for one more ahead
+            self._wake()  # room for a group more ahead
             return job
 
     def complete(self, job: Job, result: dict[str, Any] | None = None) -> None:
@@ -1303,8 +1321,9 @@ class JobFeed:
         with self._cv:
             self._raise_error()
             self._outbox.append(job)
-            self._dry = False  # a completion may open the next epoch
-            self._cv.notify_all()
+            if len(self._outbox) == 1:
+                self._first_queued = time.monotonic()
+            self._wake()
 
     def release(self, jobs: list[Job]) -> None:
         """Queues jobs to hand back untrained (not a failed attempt); returns at once."""
@@ -1349,14 +1368,21 @@ class JobFeed:
         if self._error is not None:
             raise self._error
 
+    def _wake(self) -> None:
+        """REQUIRES: self._cv held. Wakes the thread if it has work now (it waits only when it
+        has none, and checks again after every round trip)."""
+        if self._has_work():
+            self._cv.notify_all()
+
     # ---- the thread -----------------------------------------------------------------------
 
     def _has_work(self) -> bool:
-        # Jobs are fetched, and completions sent, in groups of about depth / 2: one round trip
-        # carries several (tiny jobs pay a fraction of it), and the group is asked for while
-        # the other half is still ahead of the consumer.
-        group = max(1, self._depth // 2)
+        # Jobs are fetched, and completions sent, in groups: one round trip carries several
+        # (tiny jobs pay a fraction of it).
+        group = self._group
         if self._releases or len(self._outbox) >= group or (self._outbox and self._flushing):
+            return True
+        if self._outbox and time.monotonic() - self._first_queued >= REPORT_DELAY_MAX_S:
             return True
         if self._closing or self.finished is not None:
             return bool(self._outbox)
@@ -1368,7 +1394,13 @@ class JobFeed:
         run = self._run
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._has_work() or self._closing)
+                while not (self._has_work() or self._closing):
+                    # Queued completions are sent without a full group once the oldest waited
+                    # REPORT_DELAY_MAX_S (checked at least that often: the first completion
+                    # queued does not wake the thread).
+                    now = time.monotonic()
+                    start = self._first_queued if self._outbox else now
+                    self._cv.wait(max(0.001, start + REPORT_DELAY_MAX_S - now))
                 if not self._has_work():
                     return  # closing, and everything was sent
                 releases, self._releases = self._releases, []
@@ -1379,7 +1411,9 @@ class JobFeed:
                 need = 0 if stopping else max(0, self._depth - len(self._ready))
                 if not stopping and asked > self._answered:
                     need = max(need, 1)
-                if self._dry and asked <= self._answered and not self._long_poll:
+                # After a "wait" (no job for this worker now), ask again only with completions
+                # (they may open the next epoch) or for the consumer: not once per completion.
+                if self._dry and asked <= self._answered and not self._long_poll and not done:
                     need = 0
                 long_poll = self._long_poll and not done and not releases and need > 0
             try:
