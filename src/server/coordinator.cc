@@ -346,12 +346,20 @@ void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
       ++it;
     }
   }
-  while (!queue.empty()) {
-    auto reply = retry(queue.front().acquire, false);
-    if (!reply) break;  // nothing for the first: nothing for the others either
-    this->reply(std::move(queue.front().to), std::move(*reply), queue.front().endpoint,
-                queue.front().acquire.run);
-    queue.pop_front();
+  // Job mode: any worker takes any job, so nothing for the first parked acquire is nothing for
+  // the others either. Step mode: a rank is handed only its own batches (a batch given back
+  // goes to its rank), so nothing for one rank says nothing of the next: each is tried.
+  const auto run = queue.empty() ? Result<Run*>(nullptr) : engine_.find(queue.front().acquire.run);
+  const bool each = run && *run && (*run)->mode() == ScheduleMode::kSteps;
+  for (auto it = queue.begin(); it != queue.end();) {
+    auto reply = retry(it->acquire, false);
+    if (!reply) {
+      if (!each) break;
+      ++it;
+      continue;
+    }
+    this->reply(std::move(it->to), std::move(*reply), it->endpoint, it->acquire.run);
+    it = queue.erase(it);
   }
   for (auto it = queue.begin(); it != queue.end();) {
     if (it->acquire.deadline <= now) {

@@ -581,5 +581,83 @@ TEST(CoordinatorSimulation, ARestoreAnswersTheOldGroupsLongPollsStaleAndLeasesTh
   }
 }
 
+// Step mode: each rank is handed only its own batches, so a parked acquire that gets nothing
+// says nothing of the next rank's. Rank 0 parks at the epoch's end (its batches all trained);
+// rank 1 parks while holding its last batch, whose lease then runs out: the batch goes back to
+// rank 1, and rank 1's parked acquire gets it at once, though rank 0 parked first and still
+// gets nothing (not when rank 1's own wait runs out, 20 s later).
+TEST(CoordinatorParked, ARankParkedBehindAnotherGetsItsBatchGivenBackAtOnce) {
+  ManualClock wall{1'000'000};
+  MemoryJournal journal(1);
+  Process process(wall, journal, true);
+  std::vector<Call> calls;
+  auto send = [&](const std::string& target, const std::string& body,
+                  std::optional<HttpReply>* answer) {
+    calls.push_back(Call{HttpRequest{"POST", target, body, {}},
+                         ReplyTo{[answer](HttpReply r) { *answer = r; }, {}}});
+    Wave wave = process.coordinator->step(calls);
+    ASSERT_TRUE(journal.write(*wave.writes));
+    for (Outgoing& o : wave.replies) o.to.respond(std::move(o.reply));
+  };
+  auto call = [&](const std::string& target, const std::string& body,
+                  std::optional<HttpReply>* answer) { send("/v1/runs/s" + target, body, answer); };
+  auto now = [&](const std::string& target, const std::string& body) {
+    std::optional<HttpReply> answer;
+    call(target, body, &answer);
+    EXPECT_TRUE(answer) << target << " " << body << " parked";
+    rapidjson::Document d;
+    d.Parse(answer ? answer->body.c_str() : "{}");
+    return d;
+  };
+  std::optional<HttpReply> created;
+  send("/v1/runs",
+       R"({"name": "s", "data": {"train_samples": 8, "batch_size": 2}, )"
+       R"("schedule": {"epochs": 2, "mode": "steps"}, "leases": {"timeout": 10.0}})",
+       &created);
+  ASSERT_TRUE(created && created->status / 100 == 2) << (created ? created->body : "");
+  for (int r = 0; r < 2; ++r) {
+    const auto d =
+        now("/workers", R"({"name": "r)" + std::to_string(r) + R"(", "group": "g", "rank": )" +
+                            std::to_string(r) + R"(, "world_size": 2})");
+    ASSERT_EQ(d["worker"].GetUint64(), static_cast<uint64_t>(r));
+  }
+  // 4 batches, 2 steps: each rank takes its two.
+  std::vector<uint64_t> leases[2];
+  for (int r = 0; r < 2; ++r) {
+    const auto d = now("/acquire", R"({"worker": )" + std::to_string(r) + R"(, "jobs": 2})");
+    ASSERT_STREQ(d["status"].GetString(), "job");
+    ASSERT_EQ(d["jobs"].Size(), 2u);
+    for (const auto& job : d["jobs"].GetArray()) leases[r].push_back(job["lease"].GetUint64());
+  }
+  for (uint64_t lease : leases[0]) {
+    now("/complete",
+        R"({"worker": 0, "lease": )" + std::to_string(lease) + R"(, "loss": 1, "samples": 2})");
+  }
+  now("/complete", R"({"worker": 1, "lease": )" + std::to_string(leases[1][0]) +
+                       R"(, "loss": 1, "samples": 2})");
+  std::optional<HttpReply> parked0, parked1;
+  call("/acquire", R"({"worker": 0, "wait_ms": 20000})", &parked0);
+  call("/acquire", R"({"worker": 1, "wait_ms": 20000})", &parked1);
+  ASSERT_FALSE(parked0);
+  ASSERT_FALSE(parked1);
+  ASSERT_EQ(process.coordinator->parked(), 2u);
+  // Rank 1's last lease runs out (it did not heartbeat): its batch goes back to rank 1.
+  // (Time goes on in ticks: the server clock does not count a jump as time leases run.)
+  for (int tick = 0; tick < 60 && !parked1; ++tick) {
+    wall.advance(200);
+    Wave wave = process.coordinator->step(calls);
+    ASSERT_TRUE(journal.write(*wave.writes));
+    for (Outgoing& o : wave.replies) o.to.respond(std::move(o.reply));
+  }
+  ASSERT_TRUE(parked1) << "rank 1 waits behind rank 0's parked acquire";
+  rapidjson::Document d;
+  d.Parse(parked1->body.c_str());
+  ASSERT_STREQ(d["status"].GetString(), "job") << parked1->body;
+  EXPECT_EQ(d["job"]["rank"].GetUint64(), 1u);
+  EXPECT_EQ(d["job"]["attempt"].GetUint64(), 2u);
+  EXPECT_FALSE(parked0);  // (nothing for rank 0 until the epoch closes)
+  EXPECT_EQ(process.coordinator->parked(), 1u);
+}
+
 }  // namespace
 }  // namespace traincoord
