@@ -236,21 +236,25 @@ function drawSeries(series) {
   }
 }
 
-// Records each worker's job count at time `t`, and returns each one's jobs per second over the
-// samples of the last RATE_WINDOW_MS (null until two polls 2 s apart are in it).
+// Records each worker's job and sample counts at time `t`, and returns each one's jobs per
+// second over the readings of the last RATE_WINDOW_MS (null until two polls 2 s apart are in
+// it); its samples per second in `sampleRates`.
+const sampleRates = new Map();
 function workerRates(workers, t) {
   const rates = new Map();
   const ids = new Set();
   for (const w of workers) {
     ids.add(w.id);
     const s = state.samples.get(w.id) || [];
-    s.push({ t, jobs: w.jobs_done });
+    s.push({ t, jobs: w.jobs_done, samples: w.samples_done ?? 0 });
     while (s.length > 2 && t - s[1].t >= RATE_WINDOW_MS) s.shift();
     state.samples.set(w.id, s);
     const first = s[0], last = s[s.length - 1];
-    rates.set(w.id, last.t - first.t >= 2000 ? (1000 * (last.jobs - first.jobs)) / (last.t - first.t) : null);
+    const long = last.t - first.t >= 2000;
+    rates.set(w.id, long ? (1000 * (last.jobs - first.jobs)) / (last.t - first.t) : null);
+    sampleRates.set(w.id, long ? (1000 * (last.samples - first.samples)) / (last.t - first.t) : null);
   }
-  for (const id of state.samples.keys()) if (!ids.has(id)) state.samples.delete(id);
+  for (const id of state.samples.keys()) if (!ids.has(id)) { state.samples.delete(id); sampleRates.delete(id); }
   return rates;
 }
 
@@ -261,23 +265,26 @@ function drawWorkers(workers) {
   const shown = ranked.slice(0, TOP_WORKERS);
   const row = (w) => {
     const rate = rates.get(w.id);
-    return `<tr class="worker" data-name="${text(w.name)}" data-rate="${rate === null ? "" : rate}">` +
+    const samples = sampleRates.get(w.id);
+    return `<tr class="worker" data-name="${text(w.name)}" data-rate="${rate === null ? "" : rate}" data-samples-rate="${samples === null || samples === undefined ? "" : samples}">` +
       `<td>${text(w.name)}${w.active ? "" : " (left)"}</td><td>${w.jobs_done}</td>` +
-      `<td>${fmt(rate, 1)}</td><td>${fmt(w.last_seen_ago_ms / 1000, 1)} s ago</td>` +
+      `<td>${fmt(rate, 1)}</td><td>${fmt(samples, 1)}</td><td>${fmt(w.last_seen_ago_ms / 1000, 1)} s ago</td>` +
       `<td>${w.leases.length ? "lease " + w.leases.join(", ") : "–"}</td></tr>`;
   };
   const active = workers.filter((w) => w.active).length;
   const known = workers.map((w) => rates.get(w.id)).filter((r) => r !== null);
   const total = known.length ? known.reduce((a, b) => a + b, 0) : null;
   const jobs = workers.reduce((a, w) => a + w.jobs_done, 0);
+  const knownSamples = workers.map((w) => sampleRates.get(w.id)).filter((r) => r !== null && r !== undefined);
+  const totalSamples = knownSamples.length ? knownSamples.reduce((a, b) => a + b, 0) : null;
   const leases = workers.reduce((a, w) => a + w.leases.length, 0);
   const more = workers.length - shown.length;
   $("workers").innerHTML =
-    `<tr><th>worker</th><th>jobs</th><th>jobs/s (last ${RATE_WINDOW_MS / 1000} s)</th><th>last seen</th><th>current job</th></tr>` +
+    `<tr><th>worker</th><th>jobs</th><th>jobs/s (last ${RATE_WINDOW_MS / 1000} s)</th><th>samples/s</th><th>last seen</th><th>current job</th></tr>` +
     shown.map(row).join("") +
     `<tr class="summary" data-workers="${workers.length}" data-active="${active}" data-rate="${total === null ? "" : total}">` +
     `<td>all ${workers.length} (${active} active)${more > 0 ? `; ${more} more not shown` : ""}</td>` +
-    `<td>${jobs}</td><td>${fmt(total, 1)}</td><td></td><td>${leases} leases</td></tr>`;
+    `<td>${jobs}</td><td>${fmt(total, 1)}</td><td>${fmt(totalSamples, 1)}</td><td></td><td>${leases} leases</td></tr>`;
 }
 
 // Checkpoint cuts (docs/SEMANTICS.md): the group that trains now and its generation, the latest

@@ -272,7 +272,7 @@ TEST_F(CostBalancedRun, ASnapshotRestoresTheFrozenModelTheModelAndTheSamePlan) {
   const size_t varint = model.reports() < 128 ? 1 : 2;
   ASSERT_EQ(varint, model.reports() + 1 < 128 ? 1u : 2u);
   std::string damaged = bytes;
-  const size_t at = damaged.size() - 1 - RunCodec::series_bytes(run).size() -
+  const size_t at = damaged.size() - 1 - RunCodec::format10_bytes(run).size() -
                     8 * (3 + model.ranks()) - varint;  // (then the series, the mode)
   const uint64_t more = model.reports() + 1;
   if (varint == 1) {
@@ -312,7 +312,7 @@ TEST_F(CostBalancedRun, AFormat8SnapshotStillLoads) {
   // Format 10's tail: the series, the mode, steps (1). Format 9's before it: per epoch three
   // doubles 0.0 and no speeds (25 zero bytes), no model (1).
   ASSERT_EQ(bytes.back(), '\1');
-  const size_t ten = 1 + RunCodec::series_bytes(run).size();
+  const size_t ten = 1 + RunCodec::format10_bytes(run).size();
   const size_t tail = 25 * run.epochs().size() + 1;
   ASSERT_EQ(bytes.substr(bytes.size() - ten - tail, tail), std::string(tail, '\0'));
   std::string v8 = bytes.substr(0, bytes.size() - ten - tail);

@@ -376,13 +376,13 @@ TEST(RendezvousSnapshot, KeepsTheSecretsAndTheRoundsLayout) {
 // The bytes formats 8 to 10 append to a snapshot of a run of job-mode epochs only: each
 // worker's world size and rank (0, 0), the group's world size (0), each epoch's step layout
 // (0, 0, no segment), the run's and those of its cuts' (8); each epoch's frozen cost (three
-// doubles 0.0, all zero bytes) and speeds (none), and no cost model (9); the run's series and
-// the mode, jobs (10).
+// doubles 0.0, all zero bytes) and speeds (none), and no cost model (9); each worker's samples,
+// the run's series and the mode, jobs (10).
 std::string format8_tail(const traincoord::Run& run) {
   size_t epochs = run.epochs().size();
   for (const Cut& cut : run.cuts()) epochs += cut.saved.epochs.size();
   return std::string(2 * run.workers().size() + 1 + 3 * epochs + 25 * epochs + 1, '\0') +
-         RunCodec::series_bytes(run) + '\0';
+         RunCodec::format10_bytes(run) + '\0';
 }
 
 void varint(std::string& out, uint64_t v) {

@@ -900,6 +900,7 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   note_pace(e, position, completion);
   count_completion(e, completion);
   (*w)->jobs_done += 1;
+  (*w)->samples_done += completion.samples;
   counters_.completions_accepted += 1;
   series_.add(e.plan.set, e.plan.epoch, counters_.completions_accepted, completion);
   const Completed accepted{CompletionOutcome::kAccepted, e.plan.epoch, e.plan.set, position};

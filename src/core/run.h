@@ -98,6 +98,7 @@ struct WorkerInfo {
   TimeMs last_seen = 0;
   bool active = true;
   uint64_t jobs_done = 0;
+  uint64_t samples_done = 0;       // the samples its counted completions reported
   std::vector<LeaseId> leases;     // live leases it holds
   uint64_t last_request = 0;       // the id of its last acquire that named one ...
   LeaseId last_request_lease = 0;  // ... and the (first) lease that acquire handed out (0: none)

@@ -717,15 +717,17 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
     for (double v : model->reference_theta_) w.f64(v);
     for (double v : model->reference_speed_) w.f64(v);
   }
-  // (10) The run's series (core/run_series.h), then its mode (schedule.mode = "auto": the one
-  // its first acquire chose, or still auto).
+  // (10) Each worker's samples done, the run's series (core/run_series.h), then its mode
+  // (schedule.mode = "auto": the one its first acquire chose, or still auto).
+  for (const WorkerInfo& wi : run.workers_) w.u64(wi.samples_done);
   write_series(w, run.series_);
   w.u64(static_cast<uint64_t>(run.mode_));
   return w.take();
 }
 
-std::string RunCodec::series_bytes(const Run& run) {
+std::string RunCodec::format10_bytes(const Run& run) {
   Writer w;
+  for (const WorkerInfo& wi : run.workers_) w.u64(wi.samples_done);
   write_series(w, run.series_);
   return w.take();
 }
@@ -985,6 +987,7 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     }
   }
   if (format >= 10) {
+    for (WorkerInfo& wi : run->workers_) wi.samples_done = r.u64();
     std::map<RunSeries::Key, Series> all;
     for (uint64_t k = 0, m = r.count(); k < m && r.ok(); ++k) {
       const uint64_t set = r.u64();

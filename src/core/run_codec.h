@@ -34,9 +34,9 @@ class RunCodec {
   static Result<std::unique_ptr<Run>> load(RunConfig config, std::string_view bytes,
                                            const Clock& clock);
 
-  // The bytes of the run's series within what save() writes, just before its last byte (the
-  // mode): format 10's series (core/run_series.h), which an older snapshot has none of.
-  static std::string series_bytes(const Run& run);
+  // What format 10 added before the mode (the last byte of what save() writes): each worker's
+  // samples done, the run's series (core/run_series.h). An older snapshot has none of them.
+  static std::string format10_bytes(const Run& run);
 
  private:
   static std::string encode(const Run& run, bool last_seen);

@@ -635,15 +635,16 @@ TEST(RunCodec, ReadsAFormat2SnapshotTurningItsSumsIntoMeans) {
   EXPECT_DOUBLE_EQ(e.metric("accuracy", false), 0.375);
 
   // The same run driven by this build saves the same state, in the current format, but for
-  // the series of its completions (format 10), which a format 2 snapshot did not keep.
+  // the samples and series of its completions (format 10), which a format 2 snapshot did not
+  // keep.
   ManualClock now;
   traincoord::Run run(small_config(), now);
   ASSERT_NO_FATAL_FAILURE(drive_format_fixture(run, now));
   const std::string loaded = RunCodec::save(**old);
   const std::string driven = RunCodec::save(run);
-  const size_t loaded_series = RunCodec::series_bytes(**old).size();
-  const size_t driven_series = RunCodec::series_bytes(run).size();
-  EXPECT_EQ(loaded_series, 2u);  // no series, none dropped
+  const size_t loaded_series = RunCodec::format10_bytes(**old).size();
+  const size_t driven_series = RunCodec::format10_bytes(run).size();
+  EXPECT_EQ(loaded_series, 3u);  // a worker's samples (0), no series, none dropped
   EXPECT_GT(driven_series, loaded_series);
   EXPECT_EQ(loaded.substr(0, loaded.size() - 1 - loaded_series),
             driven.substr(0, driven.size() - 1 - driven_series));

@@ -785,6 +785,11 @@ TEST_F(ApiTest, MetricsCountTheSamplesTrainedPerSet) {
       << metrics;
   EXPECT_NE(metrics.find("traincoord_run_samples_total{run=\"r\",set=\"dev\"} 0\n"),
             std::string::npos);
+  // Per worker too (rate() is its samples/s), and in the status.
+  EXPECT_NE(metrics.find("traincoord_worker_samples_total{run=\"r\",worker=\"a\"} 7\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(json("GET", "/v1/runs/r")["workers"][0]["samples_done"].GetUint64(), 7u);
 }
 
 // The old group's long polls, parked when a new group restores: answered stale_generation,

@@ -358,6 +358,11 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
       {"traincoord_worker_jobs_done_total", "counter", "Jobs a worker completed."},
       [](const WorkerInfo& w) { return static_cast<double>(w.jobs_done); }, true);
   each_worker(
+      {"traincoord_worker_samples_total", "counter",
+       "Samples of the completions a worker reported that were counted: rate() is its "
+       "samples/s."},
+      [](const WorkerInfo& w) { return static_cast<double>(w.samples_done); }, true);
+  each_worker(
       {"traincoord_worker_last_seen_age_seconds", "gauge",
        "Seconds since a worker's last request or heartbeat."},
       [&](const WorkerInfo& w) { return static_cast<double>(now - w.last_seen) / 1000.0; }, false);

@@ -330,6 +330,7 @@ void write_status(JsonWriter& j, const Run& run, TimeMs now, uint64_t epochs_sho
     j.field("name", w.name);
     j.field("active", w.active);
     j.field("jobs_done", w.jobs_done);
+    j.field("samples_done", w.samples_done);
     j.key("leases").begin_array();
     for (LeaseId l : w.leases) j.value(l);
     j.end_array();
