@@ -124,8 +124,8 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   (*updated)->note_config_change("changed by --apply-config-changes: " + join(changed));
   engine.adopt(std::move(*updated));
   if (store) {
-    if (auto r =
-            store->replace_config(**engine.find(file.config.name), "toml", file.text, clock.now());
+    if (auto r = store->replace_config(**engine.find(file.config.name), kStoredToml, file.text,
+                                       clock.now());
         !r) {
       return fail(r.error().message);
     }
@@ -147,7 +147,7 @@ int add_runs(const std::vector<ConfigFile>& files, Engine& engine, Store* store,
     if (!run) return fail(file.path + ": " + run.error().message);
     // (The text kept has the lengths of a cost-balanced run appended: config_file.h.)
     if (store) {
-      store->add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
+      store->add_run(file.config.name, kStoredToml, durable_config_text(file.text, file.config),
                      clock.now());
     }
   }

@@ -214,8 +214,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
               return;
             }
             if (options.auth) (void)options.auth->worker_token(file.config.name);
-            journal.add_run(file.config.name, "toml", durable_config_text(file.text, file.config),
-                            c.clock().now());
+            journal.add_run(file.config.name, kStoredToml,
+                            durable_config_text(file.text, file.config), c.clock().now());
             leadership.lead(file.config.name, 0);
           });
         }
@@ -341,7 +341,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           journal.lead(name, term, lease, copy);
           if (applied) {
             // (written with a snapshot in the run's next txn, before any reply under it)
-            journal.add_config(name, "toml", applied->text, applied->created);
+            journal.add_config(name, kStoredToml, applied->text, applied->created);
             std::cout << "traincoord: applied the changed " << applied->fields << " to run " << name
                       << " (" << applied->path << ")" << std::endl;
           }

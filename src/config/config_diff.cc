@@ -64,7 +64,13 @@ constexpr std::array kFields = {
     TC_FIELD("schedule.start_step", start_step, kFixed),
     TC_FIELD("schedule.seed_compat", seed_compat, kFixed),
     TC_FIELD("schedule.overlap_epochs", overlap_epochs, kFixed),
-    TC_FIELD("schedule.mode", mode, kFixed),
+    // A config that leaves the mode to its default ("auto") keeps whatever mode the run has:
+    // one it chose, or one a config stored before "auto" existed meant (config_differences
+    // gets the stored config first). A mode given must be the stored one.
+    ConfigField{"schedule.mode", kFixed,
+                [](const RunConfig& stored, const RunConfig& given) {
+                  return given.mode == ScheduleMode::kAuto || stored.mode == given.mode;
+                }},
     TC_FIELD("schedule.batch_budget", batch_budget, kFixed),
     TC_FIELD("schedule.cost", cost, kFixed),
     TC_FIELD("data.train_lengths", train_lengths, kFixed),
@@ -108,10 +114,10 @@ static_assert(kFields.size() == (29 - 2) + 1 + 3 + 8, "kFields must list every f
 
 std::span<const ConfigField> config_fields() { return kFields; }
 
-std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b) {
+std::vector<std::string> config_differences(const RunConfig& stored, const RunConfig& given) {
   std::vector<std::string> out;
   for (const ConfigField& f : kFields) {
-    if (!f.same(a, b)) out.emplace_back(f.name);
+    if (!f.same(stored, given)) out.emplace_back(f.name);
   }
   return out;
 }

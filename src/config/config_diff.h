@@ -20,9 +20,10 @@ struct ConfigField {
 };
 std::span<const ConfigField> config_fields();
 
-// The fields (as named in the TOML file, e.g. "leases.timeout") whose values differ, in the
-// order of config_fields().
-std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b);
+// The fields (as named in the TOML file, e.g. "leases.timeout") whose values differ between a
+// run's `stored` config and a `given` one, in the order of config_fields(). (Not symmetric in
+// one field: a given schedule.mode "auto", the default, matches any stored mode.)
+std::vector<std::string> config_differences(const RunConfig& stored, const RunConfig& given);
 
 // Whether a started run can take a new value of `field` (--apply-config-changes): the lease
 // settings, the early-stop rule and schedule.epochs can (the epochs raised, or lowered to those

@@ -1,4 +1,5 @@
 #include "config/config_diff.h"
+#include "config/config_file.h"
 
 #include <gtest/gtest.h>
 
@@ -79,8 +80,45 @@ TEST(ConfigDiff, NamesExactlyTheFieldThatDiffers) {
     RunConfig changed = base;
     change.apply(changed);
     EXPECT_EQ(config_differences(base, changed), std::vector<std::string>{change.field});
+    if (change.field == "schedule.mode") continue;  // (not symmetric: below)
     EXPECT_EQ(config_differences(changed, base), std::vector<std::string>{change.field});
   }
+}
+
+// A config that leaves schedule.mode to its default keeps the stored run's mode, whatever it is
+// (one stored before "auto" existed reads as jobs); a mode given must be the stored one.
+TEST(ConfigDiff, AGivenAutoModeKeepsTheStoredOneAndAGivenModeMustBeIt) {
+  RunConfig stored, given;
+  for (ScheduleMode s : {ScheduleMode::kJobs, ScheduleMode::kSteps, ScheduleMode::kAuto}) {
+    stored.mode = s;
+    given.mode = ScheduleMode::kAuto;
+    EXPECT_TRUE(config_differences(stored, given).empty());
+    given.mode = s;
+    EXPECT_TRUE(config_differences(stored, given).empty());
+  }
+  stored.mode = ScheduleMode::kJobs;
+  given.mode = ScheduleMode::kSteps;
+  EXPECT_EQ(config_differences(stored, given), std::vector<std::string>{"schedule.mode"});
+  stored.mode = ScheduleMode::kAuto;
+  EXPECT_EQ(config_differences(stored, given), std::vector<std::string>{"schedule.mode"});
+}
+
+// A config stored before "auto" existed ("toml", "json") meant jobs without schedule.mode;
+// stored since ("toml/2", "json/2") it means auto. Explicit modes read as written.
+TEST(StoredConfig, AConfigStoredBeforeAutoWithoutAModeIsAJobModeRun) {
+  const std::string toml =
+      "name = \"r\"\n[data]\ntrain_samples = 8\nbatch_size = 2\n[schedule]\nvalidation_every = 0\n";
+  const std::string json = R"({"name": "r", "data": {"train_samples": 8, "batch_size": 2}, )"
+                           R"("schedule": {"validation_every": 0}})";
+  EXPECT_EQ(parse_stored_run_config("toml", toml, "s")->mode, ScheduleMode::kJobs);
+  EXPECT_EQ(parse_stored_run_config("json", json, "s")->mode, ScheduleMode::kJobs);
+  EXPECT_EQ(parse_stored_run_config(kStoredToml, toml, "s")->mode, ScheduleMode::kAuto);
+  EXPECT_EQ(parse_stored_run_config(kStoredJson, json, "s")->mode, ScheduleMode::kAuto);
+  const std::string steps = toml + "mode = \"steps\"\n";
+  EXPECT_EQ(parse_stored_run_config("toml", steps, "s")->mode, ScheduleMode::kSteps);
+  auto unknown = parse_stored_run_config("yaml", toml, "s");
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().field, "config_format");
 }
 
 TEST(ConfigDiff, EqualConfigsDifferInNothingNotEvenTheirName) {

@@ -416,4 +416,20 @@ Result<RunConfig> load_run_config(const std::string& path) {
   return parse_run_config(text.str(), path);
 }
 
+Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_view text,
+                                          std::string_view source) {
+  const bool json = format == kStoredJson || format == "json";
+  if (!json && format != kStoredToml && format != "toml") {
+    return invalid_argument("config_format", std::string(source) + ": a config stored as \"" +
+                                                 std::string(format.substr(0, 32)) +
+                                                 "\", which this build does not read");
+  }
+  auto config = json ? parse_run_config_json(text, source) : parse_run_config(text, source);
+  // Stored before "auto" existed: no schedule.mode meant jobs (an explicit "auto" could not be).
+  if (config && (format == "toml" || format == "json") && config->mode == ScheduleMode::kAuto) {
+    config->mode = ScheduleMode::kJobs;
+  }
+  return config;
+}
+
 }  // namespace traincoord

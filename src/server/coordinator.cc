@@ -65,7 +65,7 @@ HttpReply not_leader_reply(std::string_view run, const Leadership::View& view) {
 }  // namespace
 
 void JournalObserver::run_created(const Run& run, std::string_view config_json, TimeMs now) {
-  journal_.add_run(run.config().name, "json", config_json, now);
+  journal_.add_run(run.config().name, kStoredJson, config_json, now);
 }
 
 void JournalObserver::completion_accepted(const Run& run, WorkerId worker, LeaseId lease,

@@ -33,6 +33,7 @@
 #include <tuple>
 #include <vector>
 
+#include "config/config_file.h"
 #include "core/run_codec.h"
 #include "journal/memory_journal.h"
 #include "seeds.h"
@@ -657,6 +658,51 @@ TEST(CoordinatorParked, ARankParkedBehindAnotherGetsItsBatchGivenBackAtOnce) {
   EXPECT_EQ(d["job"]["attempt"].GetUint64(), 2u);
   EXPECT_FALSE(parked0);  // (nothing for rank 0 until the epoch closes)
   EXPECT_EQ(process.coordinator->parked(), 1u);
+}
+
+// A run stored before schedule.mode "auto" existed (config format "json", no mode: a job-mode
+// run then) restores as a job-mode run, also when a rank of a group asked first, and replays
+// exactly; the same text stored as "json/2" (auto) would replay differently, and the restart
+// would stop.
+TEST(StoredConfigUpgrade, ARunStoredBeforeAutoWithoutASnapshotReplaysAsTheJobModeRunItWas) {
+  const std::string text = R"({"name": "s", "data": {"train_samples": 8, "batch_size": 2}, )"
+                           R"("schedule": {"epochs": 1, "validation_every": 0}})";
+  for (const std::string_view format : {std::string_view("json"), kStoredJson}) {
+    SCOPED_TRACE(std::string(format));
+    ManualClock wall{1'000'000};
+    MemoryJournal journal(1000);  // (no snapshot: the restart replays every record)
+    Process live(wall, journal, true);
+    // As the older build created it: a job-mode run, its config stored without the mode.
+    auto legacy = parse_stored_run_config("json", text, "test");
+    ASSERT_TRUE(legacy);
+    ASSERT_TRUE(live.engine.create_run(*legacy));
+    journal.add_run("s", format, text, live.clock.now());
+    std::vector<Call> calls;
+    std::vector<std::optional<HttpReply>> answers(3);
+    const char* requests[][2] = {
+        {"/v1/runs/s/workers", R"({"name": "r0", "group": "g", "rank": 0, "world_size": 2})"},
+        {"/v1/runs/s/acquire", R"({"worker": 0})"},
+        {"/v1/runs/s/workers", R"({"name": "r1", "group": "g", "rank": 1, "world_size": 3})"},
+    };
+    for (size_t i = 0; i < 3; ++i) {
+      calls.push_back(Call{HttpRequest{"POST", requests[i][0], requests[i][1], {}},
+                           ReplyTo{[&answers, i](HttpReply r) { answers[i] = r; }, {}}});
+      Wave wave = live.coordinator->step(calls);
+      ASSERT_TRUE(journal.write(*wave.writes));
+      for (Outgoing& o : wave.replies) o.to.respond(std::move(o.reply));
+      ASSERT_TRUE(answers[i] && answers[i]->status == 200) << answers[i]->body;
+    }
+    // Job mode: a job for rank 0 (no step), and a rank of another world size is no conflict.
+    EXPECT_EQ(answers[1]->body.find("\"step\""), std::string::npos) << answers[1]->body;
+    Process restarted(wall, journal, false);
+    if (format == "json") {
+      ASSERT_TRUE(restarted.restored) << restarted.restore_error;
+      EXPECT_EQ((*restarted.engine.find("s"))->mode(), ScheduleMode::kJobs);
+      EXPECT_EQ(restarted.state(), live.state());
+    } else {
+      EXPECT_FALSE(restarted.restored);  // read as auto: the replies differ
+    }
+  }
 }
 
 }  // namespace

@@ -16,8 +16,7 @@ Result<RestoreReport> restore_engine(Journal& journal, Engine& engine, Api& api,
   if (!saved) return tl::unexpected(saved.error());
   for (const SavedRun& s : *saved) {
     const std::string source = journal.describe() + " (run " + s.name + ")";
-    auto config = s.config_format == "json" ? parse_run_config_json(s.config_text, source)
-                                            : parse_run_config(s.config_text, source);
+    auto config = parse_stored_run_config(s.config_format, s.config_text, source);
     if (!config) return tl::unexpected(config.error());
     if (s.snapshot) {
       auto run = RunCodec::load(std::move(*config), *s.snapshot, clock);
