@@ -54,6 +54,14 @@ void check_all_counted_n(benchmark::State& state, const Run& run, uint64_t n) {
   if (run.counters().completions_accepted != n) state.SkipWithError("completions not counted");
 }
 
+// `n` workers join `run`, each holding a job.
+void join_workers(Run& run, int n, std::vector<WorkerId>* ids, std::vector<LeaseId>* leases) {
+  for (int i = 0; i < n; ++i) {
+    ids->push_back(run.join("w" + std::to_string(i)));
+    leases->push_back(run.acquire(ids->back())->job.lease);
+  }
+}
+
 // One job cycle: a worker completes its job and acquires the next in one call (next_job), as
 // a busy worker does. `workers` jobs are in flight throughout.
 void BM_NextJobCycle(benchmark::State& state) {
@@ -62,10 +70,7 @@ void BM_NextJobCycle(benchmark::State& state) {
   Run run(endless_config(1'000'000'000), clock);
   std::vector<WorkerId> ids;
   std::vector<LeaseId> leases;
-  for (int i = 0; i < workers; ++i) {
-    ids.push_back(run.join("w" + std::to_string(i)));
-    leases.push_back(run.acquire(ids.back())->job.lease);
-  }
+  join_workers(run, workers, &ids, &leases);
   Completion done;
   done.loss = 0.5;
   done.samples = 32;
@@ -92,10 +97,7 @@ void BM_NextJobCycleWithBatches(benchmark::State& state) {
   Run run(c, clock);
   std::vector<WorkerId> ids;
   std::vector<LeaseId> leases;
-  for (int i = 0; i < 64; ++i) {
-    ids.push_back(run.join("w" + std::to_string(i)));
-    leases.push_back(run.acquire(ids.back())->job.lease);
-  }
+  join_workers(run, 64, &ids, &leases);
   Completion done;
   done.loss = 0.5;
   done.samples = 256;
@@ -151,10 +153,7 @@ void BM_NextJobCycleWithMetrics(benchmark::State& state) {
   Run run(endless_config(1'000'000'000), clock);
   std::vector<WorkerId> ids;
   std::vector<LeaseId> leases;
-  for (int i = 0; i < 64; ++i) {
-    ids.push_back(run.join("w" + std::to_string(i)));
-    leases.push_back(run.acquire(ids.back())->job.lease);
-  }
+  join_workers(run, 64, &ids, &leases);
   Completion done;
   done.loss = 0.5;
   done.samples = 32;

@@ -326,6 +326,7 @@ class Phases:
                 "model.join(divide_by_initial_world_size=False) or the ranks hang at an epoch's "
                 "end; a run in step mode needs none (docs/PYTHON.md, \"DDP: copy this loop\")",
                 stacklevel=2)
+        self._warned_jobs = False
         self._read_status(status)
         self.current: Phase | None = None
         depth, per_request = _feed_shape(self.steps, prefetch, status["plan"]["batches_per_job"])
@@ -460,6 +461,16 @@ class Phases:
         if job.samples is not None:  # step mode: the coordinator lists the batch's samples
             job._samples = [job.samples]
             return
+        if self.steps and not self._warned_jobs:
+            # A run left to choose ("auto") that an independent worker asked first: it hands out
+            # jobs for good, and this group's ranks take different numbers of steps.
+            self._warned_jobs = True
+            warnings.warn(
+                f"run {self.run.run} hands out jobs, not steps: a worker that is not a rank of "
+                "a group asked it for work first (schedule.mode = \"auto\"). Under DDP train "
+                "inside model.join(divide_by_initial_world_size=False), or give the run "
+                "mode = \"steps\" to refuse independent workers (docs/SEMANTICS.md, \"Which "
+                "mode a run takes\")", stacklevel=2)
         job._samples = [order.batch(job.epoch, b) for b in job.batches]
 
     def __iter__(self) -> Iterator[Phase]:

@@ -420,16 +420,17 @@ void EtcdRunJournal::add_run(const std::string& name, std::string_view format,
       SavedRun{name, std::string(format), std::string(text), created, std::nullopt, 0};
 }
 
+std::shared_ptr<EtcdRunJournal::Lead> EtcdRunJournal::lead_of(std::string_view run) const {
+  std::lock_guard lock(mu_);
+  auto it = led_.find(run);
+  return it == led_.end() ? nullptr : it->second;
+}
+
 void EtcdRunJournal::add_record(std::string_view run, TimeMs time, RecordKind kind,
                                 std::string_view target, std::string_view body, int outcome,
                                 std::string_view reply) {
-  std::shared_ptr<Lead> lead;
-  {
-    std::lock_guard lock(mu_);
-    auto it = led_.find(run);
-    if (it == led_.end()) return;  // not led here (any more): never written
-    lead = it->second;
-  }
+  const std::shared_ptr<Lead> lead = lead_of(run);
+  if (!lead) return;  // not led here (any more): never written
   if (!pending_) pending_ = std::make_unique<Batch>();
   Record r;
   r.run = std::string(run);
@@ -450,13 +451,8 @@ void EtcdRunJournal::add_completion(const CompletionRow&) {
 
 void EtcdRunJournal::add_config(const std::string& run, std::string_view format,
                                 std::string_view text, TimeMs created) {
-  std::shared_ptr<Lead> lead;
-  {
-    std::lock_guard lock(mu_);
-    auto it = led_.find(run);
-    if (it == led_.end()) return;  // not led here (any more): never written
-    lead = it->second;
-  }
+  const std::shared_ptr<Lead> lead = lead_of(run);
+  if (!lead) return;  // not led here (any more): never written
   if (!pending_) pending_ = std::make_unique<Batch>();
   pending_->part(run, lead->generation, lead).config =
       SavedRun{run, std::string(format), std::string(text), created, std::nullopt, 0};

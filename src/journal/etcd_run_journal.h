@@ -234,6 +234,8 @@ class EtcdRunJournal final : public Journal {
   Result<void> write_chunks(Lead& lead, const std::string& run, const std::string& state,
                             int64_t gen);
   std::string key(std::string_view kind, std::string_view run = {}) const;
+  // The lead of `run` when this journal leads it (null: not led here, any more).
+  std::shared_ptr<Lead> lead_of(std::string_view run) const;
 
   EtcdJournalOptions options_;
   std::unique_ptr<etcd::Client> client_;  // the commit thread's
