@@ -51,6 +51,21 @@ def test_workers_finish_the_run_with_every_batch_trained_once(server):
     assert math.isclose(status["epochs"][0]["loss"], 0.1)
 
 
+def test_the_series_hold_every_completions_loss_for_the_whole_run(server):
+    """Run.series(): the loss of every counted completion per set, numbered in counting
+    order, after its epoch closed; `after` gives only the newer points."""
+    ends, _ = run_three_workers(server.url, "s")
+    assert [e.state for e in ends] == ["completed"] * 3
+    with traincoord.Run(server.url, "py", "observer", heartbeats=False) as run:
+        series = run.series()
+        train, dev = series[("train", "loss")], series[("dev", "loss")]
+        assert len(train) == 3 * 12 and len(dev) == 3 * 3  # (2 batches a job)
+        assert sorted(p[0] for p in train + dev) == list(range(1, 3 * 15 + 1))
+        assert all(math.isclose(value, 0.1 * (epoch + 1)) for _, epoch, value in train + dev)
+        assert run.series(after=40) == {key: [p for p in points if p[0] > 40]
+                                        for key, points in series.items()}
+
+
 def test_workers_taking_several_jobs_per_request_train_every_batch_once(server):
     ends, ledger = run_three_workers(server.url, "g", jobs_per_request=3)
     assert [e.state for e in ends] == ["completed"] * 3

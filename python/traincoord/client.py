@@ -831,6 +831,21 @@ class Run:
             if not page["epochs"] or start + len(out) >= int(page["epochs_total"]):
                 return out
 
+    def series(self, after: int = 0) -> dict[tuple[str, str], list[tuple[int, int, float]]]:
+        """The run's series (GET /v1/runs/RUN/series, docs/OBSERVABILITY.md "Series"): every
+        counted completion's loss and each metric it reported, per set, over the whole run,
+        downsampled by the coordinator: {(set, name): [(n, epoch, value), ...]}, oldest first,
+        each series' latest value last. `after`: only the points of completions after the
+        n-th."""
+        reply = self._request("GET", f"/v1/runs/{self.run}/series?after={int(after)}", None, 0)
+        out: dict[tuple[str, str], list[tuple[int, int, float]]] = {}
+        for s in _field(reply, "series", "list"):
+            points = [tuple(p) for p in s["points"]]
+            if s.get("latest") is not None and (not points or points[-1][0] < s["latest"][0]):
+                points.append(tuple(s["latest"]))
+            out[(s["set"], s["name"])] = points
+        return out
+
     @property
     def early_stop(self) -> dict[str, Any]:
         return self.status()["early_stop"]
