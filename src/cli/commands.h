@@ -108,6 +108,14 @@ int status(const StatusArgs& args);
 // role, the leader and term, the journal's head and lag, its takeovers).
 std::string coordinator_line(const std::string& url, const std::string& json);
 int runs(const StatusArgs& args);
+
+// `apply-config`: a changed config file applied to its started run by the coordinator at `url`.
+struct ApplyConfigArgs {
+  std::string config;
+  std::string url = "http://127.0.0.1:8470";
+  bool dry_run = false;
+};
+int apply_config(const ApplyConfigArgs& args);
 // Renders the JSON of GET /v1/runs/RUN for a terminal. With `wall_now_ms` (milliseconds since
 // the Unix epoch: the wall-clock time the reply's `*_ago_ms` count back from), times are shown
 // as local dates rather than "s ago": for a run read from a data dir, with no server running.

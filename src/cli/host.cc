@@ -73,37 +73,8 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 ConfigChange check_config_change(const ConfigFile& file, const Run& run, bool apply) {
-  ConfigChange c;
-  c.changed = config_differences(run.config(), file.config);
-  if (c.changed.empty()) return c;
-  const std::string where = "run " + file.config.name + " (" + file.path + ")";
-  if (!apply) {
-    c.refused = where +
-                " was started with a different config; these fields differ: " + join(c.changed) +
-                ". Give the run a new name to start afresh, or pass --apply-config-changes "
-                "(it may change schedule.epochs, leases.timeout, leases.max_attempts, "
-                "leases.on_job_failure, cuts.keep and early_stop.*)";
-    return c;
-  }
-  std::vector<std::string> fixed;
-  for (const std::string& f : c.changed) {
-    if (!changeable_in_a_started_run(f)) fixed.push_back(f);
-  }
-  if (!fixed.empty()) {
-    c.refused = where + ": a started run cannot change " + join(fixed) +
-                " (they shape its plan); give the run a new name to start afresh";
-  } else if (file.config.seed_compat &&
-             std::find(c.changed.begin(), c.changed.end(), "schedule.epochs") != c.changed.end()) {
-    c.refused = where +
-                ": a seed_compat run keeps its schedule.epochs (the original planned "
-                "what the checkpoint left into its last epoch); give the run a new name";
-  } else if (const int64_t least = run.opened_train_end();
-             make_plan(file.config).end_epoch < least) {
-    c.refused = where + ": schedule.epochs: the run has opened train epoch " +
-                std::to_string(least - 1) + " already, so its target epoch can be " +
-                std::to_string(least) + " at the least; raise it, or give the run a new name";
-  }
-  return c;
+  return traincoord::check_config_change(file.config, run,
+                                         "run " + file.config.name + " (" + file.path + ")", apply);
 }
 
 // A config file for a run the store already holds: the same config resumes it; a changed one
@@ -119,9 +90,9 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   if (changed.empty()) return 0;
   const std::string where = "run " + file.config.name + " (" + file.path + ")";
   if (!check.refused.empty()) return fail(check.refused);
-  auto updated = RunCodec::load(file.config, RunCodec::save(run), clock);
+  auto updated = apply_config_change(run, file.config,
+                                     "changed by --apply-config-changes: " + join(changed), clock);
   if (!updated) return fail(where + ": " + updated.error().message);
-  (*updated)->note_config_change("changed by --apply-config-changes: " + join(changed));
   engine.adopt(std::move(*updated));
   if (store) {
     if (auto r = store->replace_config(**engine.find(file.config.name), kStoredToml, file.text,

@@ -18,6 +18,7 @@
 #include <tl/expected.hpp>
 
 #include "cli/commands.h"
+#include "config/config_change.h"
 #include "core/engine.h"
 #include "core/run_config.h"
 #include "server/http_server.h"
@@ -72,15 +73,8 @@ tl::expected<RestoreReport, std::string> open_data_dir(const StoreOptions& optio
                                                        std::unique_ptr<Store>* store);
 
 // A config file for a run that exists (`run`, as its journal holds it), under
-// --apply-config-changes when `apply`: `changed` lists the fields that differ (none: nothing to
-// do); `refused` says why they are not applied (empty: they may be), naming the fields: without
-// `apply`, any difference; with it, a field a started run cannot change, schedule.epochs of a
-// seed_compat run, or a target epoch below those the run has opened. The SQLite journal's start
-// (add_runs) and a takeover in etcd (serve_ha) share it.
-struct ConfigChange {
-  std::vector<std::string> changed;
-  std::string refused;
-};
+// --apply-config-changes when `apply` (config/config_change.h says what is allowed). The SQLite
+// journal's start (add_runs) and a takeover in etcd (serve_ha) share it.
 ConfigChange check_config_change(const ConfigFile& file, const Run& run, bool apply);
 
 // The runs of `files` in `engine`: a run it holds already is reconciled with its file

@@ -373,6 +373,18 @@ int main(int argc, char** argv) {
   ins->add_flag("--json", inspect_args.json, "print each run's JSON status");
   ins->footer(example({"traincoord inspect --data-dir example.traincoord"}));
 
+  ApplyConfigArgs apply_args;
+  CLI::App* ap = app.add_subcommand(
+      "apply-config",
+      "Apply a changed config file to its started run on a serving coordinator, without a "
+      "restart (what it may change: docs/CLI.md)");
+  ap->add_option("config", apply_args.config, "the run's config file (TOML)")->required();
+  ap->add_option("--url", apply_args.url, "the coordinator")->capture_default_str();
+  ap->add_flag("--dry-run", apply_args.dry_run, "say what would change, change nothing");
+  ap->footer(
+      example({"traincoord apply-config examples/runs/example.toml --url "
+               "http://127.0.0.1:8470"}));
+
   std::vector<std::string> spelled = torchrun_command_line(lch, argc, argv);
   std::vector<char*> spelled_argv;
   for (std::string& arg : spelled) spelled_argv.push_back(arg.data());
@@ -396,5 +408,6 @@ int main(int argc, char** argv) {
   }
   if (st->parsed()) return status(status_args);
   if (rs->parsed()) return runs(runs_args);
+  if (ap->parsed()) return apply_config(apply_args);
   return exit_code::kOk;
 }

@@ -257,7 +257,6 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         RestoreReport report;
         struct ConfigApplied {
           std::string fields, path, text;
-          TimeMs created = 0;
         };
         std::optional<ConfigApplied> applied;
         if (!refused) {
@@ -308,8 +307,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
               bytes = RunCodec::save(**updated);
               config = file.config;
               applied = ConfigApplied{join(check.changed), file.path,
-                                      durable_config_text(file.text, file.config),
-                                      copy->saved.created_ms};
+                                      durable_config_text(file.text, file.config)};
             }
           }
         }
@@ -341,7 +339,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           journal.lead(name, term, lease, copy);
           if (applied) {
             // (written with a snapshot in the run's next txn, before any reply under it)
-            journal.add_config(name, kStoredToml, applied->text, applied->created);
+            journal.add_config(name, kStoredToml, applied->text);
             std::cout << "traincoord: applied the changed " << applied->fields << " to run " << name
                       << " (" << applied->path << ")" << std::endl;
           }

@@ -367,7 +367,11 @@ Result<RunConfig> parse_run_config_table(const toml::table& root, std::string_vi
   return c;
 }
 
-Result<RunConfig> parse_run_config(std::string_view text, std::string_view source) {
+namespace {
+
+// `base`: where the files a config names are read from (null: none is read).
+Result<RunConfig> parse_toml_config(std::string_view text, std::string_view source,
+                                    const std::filesystem::path* base) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -377,8 +381,18 @@ Result<RunConfig> parse_run_config(std::string_view text, std::string_view sourc
         << e.description();
     return invalid_argument("", msg.str());
   }
+  return parse_run_config_table(root, source, base);
+}
+
+}  // namespace
+
+Result<RunConfig> parse_run_config(std::string_view text, std::string_view source) {
   const std::filesystem::path base = std::filesystem::path(source).parent_path();
-  return parse_run_config_table(root, source, &base);
+  return parse_toml_config(text, source, &base);
+}
+
+Result<RunConfig> parse_sent_run_config(std::string_view text, std::string_view source) {
+  return parse_toml_config(text, source, nullptr);
 }
 
 std::string durable_config_text(std::string_view toml, const RunConfig& config) {

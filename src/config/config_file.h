@@ -14,6 +14,10 @@ namespace traincoord {
 // wrong type or out of range, or a rule of validate().
 Result<RunConfig> parse_run_config(std::string_view toml, std::string_view source);
 
+// The same from text that came over the network (POST /v1/runs/{run}/config): no file is read
+// (a lengths file is refused; lengths come inline, as durable_config_text writes them).
+Result<RunConfig> parse_sent_run_config(std::string_view toml, std::string_view source);
+
 // The same from JSON: an object with the same keys and tables as the TOML file (the body of
 // POST /v1/runs). Integers must be JSON integers.
 Result<RunConfig> parse_run_config_json(std::string_view json, std::string_view source);

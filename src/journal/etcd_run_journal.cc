@@ -56,6 +56,9 @@ void RunCopyJournal::add_record(std::string_view, TimeMs, RecordKind, std::strin
                                 std::string_view, int, std::string_view) {
   TC_ASSERT(false);
 }
+void RunCopyJournal::add_config(const std::string&, std::string_view, std::string_view) {
+  TC_ASSERT(false);
+}
 std::unique_ptr<JournalBatch> RunCopyJournal::take(const Engine&, bool, TimeMs) {
   TC_ASSERT(false);
   return nullptr;
@@ -275,6 +278,7 @@ struct EtcdRunJournal::Lead {
   uint64_t generation = 0;
   std::atomic<int64_t> term{0};  // 0: created here, not yet written
   int64_t lease = 0;
+  TimeMs created_ms = 0;  // when the run was created (its config key says it again)
   // The commit thread's.
   int64_t head_revision = 0;
   int64_t written_seq = 0;
@@ -360,6 +364,7 @@ uint64_t EtcdRunJournal::lead(const std::string& run, int64_t term, int64_t leas
   auto lead = std::make_shared<Lead>();
   lead->term = term;
   lead->lease = lease;
+  lead->created_ms = copy.saved.created_ms;
   lead->head_revision = copy.head_revision;
   lead->written_seq = copy.head_seq;
   lead->written_time = copy.head_time;
@@ -410,6 +415,7 @@ void EtcdRunJournal::add_run(const std::string& name, std::string_view format,
                              std::string_view text, TimeMs created) {
   auto lead = std::make_shared<Lead>();
   lead->lease = lease_for_new_.load();
+  lead->created_ms = created;
   {
     std::lock_guard lock(mu_);
     lead->generation = next_generation_++;
@@ -450,12 +456,12 @@ void EtcdRunJournal::add_completion(const CompletionRow&) {
 }
 
 void EtcdRunJournal::add_config(const std::string& run, std::string_view format,
-                                std::string_view text, TimeMs created) {
+                                std::string_view text) {
   const std::shared_ptr<Lead> lead = lead_of(run);
   if (!lead) return;  // not led here (any more): never written
   if (!pending_) pending_ = std::make_unique<Batch>();
   pending_->part(run, lead->generation, lead).config =
-      SavedRun{run, std::string(format), std::string(text), created, std::nullopt, 0};
+      SavedRun{run, std::string(format), std::string(text), lead->created_ms, std::nullopt, 0};
 }
 
 std::unique_ptr<JournalBatch> EtcdRunJournal::take(const Engine& engine, bool snapshots,

@@ -103,6 +103,7 @@ class RunCopyJournal final : public Journal {
   void add_record(std::string_view, TimeMs, RecordKind, std::string_view, std::string_view, int,
                   std::string_view = {}) override;
   void add_completion(const CompletionRow&) override {}
+  void add_config(const std::string&, std::string_view, std::string_view) override;
   std::unique_ptr<JournalBatch> take(const Engine&, bool, TimeMs) override;
   Result<void> write(const JournalBatch&) override;
   Result<void> replace_config(const Run&, std::string_view, std::string_view, TimeMs) override;
@@ -206,11 +207,10 @@ class EtcdRunJournal final : public Journal {
                   std::string_view body, int outcome, std::string_view reply = {}) override;
   void add_completion(const CompletionRow& row) override;
   // A changed config of a run led here (--apply-config-changes, applied when this coordinator
-  // took the run over; `created`: when the run was created): the next take() writes it with a
+  // took the run over, or POST /v1/runs/{run}/config): the next take() writes it with a
   // snapshot of the run as the engine holds it then, in the run's next fenced txn, so that every
   // later leader reads the run under it. The engine thread's, as add_record.
-  void add_config(const std::string& run, std::string_view format, std::string_view text,
-                  TimeMs created);
+  void add_config(const std::string& run, std::string_view format, std::string_view text) override;
   std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) override;
   // Writes each run of the batch still led under the generation it was taken under, in its own
   // fenced txns. Returns an error (reason not_leader) when some run's write was refused or

@@ -107,6 +107,12 @@ class Journal {
                           std::string_view target, std::string_view body, int outcome,
                           std::string_view reply = {}) = 0;
   virtual void add_completion(const CompletionRow& row) = 0;
+  // Replaces a run's config from here on (a live change: POST /v1/runs/{run}/config). take()
+  // adds a snapshot of the run as it is then, written with the config in one write: no replay
+  // reads a record of the old config under the new one, nor starts from a snapshot of the new
+  // config under the old one.
+  virtual void add_config(const std::string& run, std::string_view format,
+                          std::string_view text) = 0;
 
   // Takes everything buffered, with the epochs and states of the runs it touched (read from
   // `engine`); with `snapshots`, also snapshots of runs whose log grew long. Cheap: no I/O.

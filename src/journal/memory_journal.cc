@@ -17,10 +17,12 @@ class MemoryJournal::Batch final : public JournalBatch {
   std::vector<SavedRun> runs;
   std::vector<Record> records;
   std::vector<Snapshot> snapshots;
+  std::vector<SavedRun> configs;  // replaced (name, format, text), each with a snapshot
   uint64_t completions = 0;
 
   bool empty() const override {
-    return runs.empty() && records.empty() && snapshots.empty() && completions == 0;
+    return runs.empty() && records.empty() && snapshots.empty() && configs.empty() &&
+           completions == 0;
   }
   void append(JournalBatch&& later) override {
     auto& b = static_cast<Batch&>(later);
@@ -32,6 +34,7 @@ class MemoryJournal::Batch final : public JournalBatch {
     move_all(runs, b.runs);
     move_all(records, b.records);
     move_all(snapshots, b.snapshots);
+    move_all(configs, b.configs);
     completions += b.completions;
     b.completions = 0;
   }
@@ -96,6 +99,13 @@ void MemoryJournal::add_completion(const CompletionRow&) {
   pending_->completions += 1;
 }
 
+void MemoryJournal::add_config(const std::string& run, std::string_view format,
+                               std::string_view text) {
+  if (!pending_) pending_ = std::make_unique<Batch>();
+  pending_->configs.push_back(
+      SavedRun{run, std::string(format), std::string(text), 0, std::nullopt, 0});
+}
+
 std::unique_ptr<JournalBatch> MemoryJournal::take(const Engine& engine, bool snapshots,
                                                   TimeMs now) {
   auto batch = pending_ ? std::move(pending_) : std::make_unique<Batch>();
@@ -103,6 +113,12 @@ std::unique_ptr<JournalBatch> MemoryJournal::take(const Engine& engine, bool sna
     r.seq = next_seq_++;
     last_seq_[r.run] = r.seq;
     since_snapshot_[r.run] += 1;
+  }
+  for (const SavedRun& config : batch->configs) {
+    if (auto run = engine.find(config.name)) {
+      batch->snapshots.push_back({config.name, last_seq_[config.name], now, RunCodec::save(**run)});
+      since_snapshot_[config.name] = 0;
+    }
   }
   if (snapshots) {
     for (auto& [name, count] : since_snapshot_) {
@@ -134,6 +150,12 @@ Result<void> MemoryJournal::write(const JournalBatch& taken) {
     auto it = saved_.find(r.run);
     TC_ASSERT(it != saved_.end());
     it->second.records.push_back(r);
+  }
+  for (const SavedRun& config : batch.configs) {
+    auto it = saved_.find(config.name);
+    TC_ASSERT(it != saved_.end());
+    it->second.run.config_format = config.config_format;
+    it->second.run.config_text = config.config_text;
   }
   for (const Batch::Snapshot& snap : batch.snapshots) {
     Saved& s = saved_.find(snap.run)->second;

@@ -31,6 +31,7 @@ class MemoryJournal final : public Journal {
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                   std::string_view body, int outcome, std::string_view reply = {}) override;
   void add_completion(const CompletionRow& row) override;
+  void add_config(const std::string& run, std::string_view format, std::string_view text) override;
   std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) override;
   Result<void> write(const JournalBatch& batch) override;
   Result<void> replace_config(const Run& run, std::string_view format, std::string_view text,

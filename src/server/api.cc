@@ -17,6 +17,7 @@
 #include <rapidjson/writer.h>
 #include <boost/container/small_vector.hpp>
 
+#include "config/config_change.h"
 #include "config/config_file.h"
 #include "core/user_text.h"
 #include "json/duplicate_keys.h"
@@ -557,6 +558,7 @@ struct Api::Request {
   static Reply series(Request& r);
   static Reply epochs(Request& r);
   static Reply cancel(Request& r);
+  static Reply change_config(Request& r);
   static Reply register_worker(Request& r);
   static Reply next_index(Request& r);
   static Reply leave(Request& r);
@@ -595,6 +597,8 @@ constexpr Endpoint kEndpoints[] = {
     {"series", "GET", "/v1/runs/{run}/series", Access::kRun, &Api::Request::series},
     {"epochs", "GET", "/v1/runs/{run}/epochs", Access::kRun, &Api::Request::epochs},
     {"cancel", "POST", "/v1/runs/{run}/cancel", Access::kAdmin, &Api::Request::cancel},
+    {"change_config", "POST", "/v1/runs/{run}/config", Access::kAdmin,
+     &Api::Request::change_config},
     {"workers", "POST", "/v1/runs/{run}/workers", Access::kRun, &Api::Request::register_worker},
     {"heartbeat", "POST", "/v1/runs/{run}/heartbeat", Access::kRun, &Api::Request::heartbeat, true},
     {"leave", "POST", "/v1/runs/{run}/leave", Access::kRun, &Api::Request::leave, true},
@@ -1060,6 +1064,73 @@ Api::Request::Reply Api::Request::cancel(Request& r) {
   r.run->cancel(reason);
   JsonWriter j;
   write_run_summary(j, *r.run, r.now);
+  return ok(j);
+}
+
+// A started run's config replaced by a new one (docs/API.md "Changing a started run's
+// config"), with the rules of --apply-config-changes (config/config_change.h): the run is saved
+// and loaded under it, as at a restart with the flag, and the journal writes the new config with
+// a snapshot of the run under it (Journal::add_config).
+Api::Request::Reply Api::Request::change_config(Request& r) {
+  const rapidjson::Value* toml = r.body->get("toml");
+  const rapidjson::Value* object = r.body->get("config");
+  TC_TRY_ASSIGN(dry_run, r.body->boolean("dry_run", false));
+  TC_TRY_REPLY(r.body->no_unknown_fields());
+  if ((toml == nullptr) == (object == nullptr)) {
+    return error_reply(400, "invalid_argument",
+                       "give the run's new config once: as \"toml\", the text of its config "
+                       "file, or as \"config\", a JSON object as POST /v1/runs takes",
+                       toml ? "config" : "toml");
+  }
+  std::string text;
+  std::string_view format;
+  Result<RunConfig> given;
+  if (toml) {
+    if (!toml->IsString()) {
+      return error_reply(400, "invalid_argument", "toml must be a string: a run config's text",
+                         "toml");
+    }
+    text.assign(toml->GetString(), toml->GetStringLength());
+    format = kStoredToml;
+    given = parse_sent_run_config(text, "toml");
+  } else {
+    if (!object->IsObject()) {
+      return error_reply(400, "invalid_argument", "config must be a JSON object: a run config",
+                         "config");
+    }
+    rapidjson::StringBuffer out;
+    rapidjson::Writer<rapidjson::StringBuffer> writer(out);
+    object->Accept(writer);
+    text.assign(out.GetString(), out.GetSize());
+    format = kStoredJson;
+    given = parse_run_config_json(text, "config");
+  }
+  if (!given) return error_reply(given.error());
+  const std::string name = r.run->config().name;
+  if (given->name != name) {
+    return error_reply(400, "invalid_argument",
+                       "name: this config is of run " + given->name + ", not of run " + name,
+                       "name");
+  }
+  const ConfigChange check = check_config_change(*given, *r.run, "run " + name, true);
+  if (!check.refused.empty()) return error_reply(409, "config_change_refused", check.refused);
+  std::string fields;
+  for (const std::string& f : check.changed) fields += (fields.empty() ? "" : ", ") + f;
+  const bool apply = !dry_run && !check.changed.empty();
+  if (apply) {
+    TC_TRY_ASSIGN(updated, apply_config_change(*r.run, std::move(*given),
+                                               "changed through the API: " + fields, r.api.clock_));
+    r.api.engine_.adopt(std::move(updated));
+    r.run = *r.api.engine_.find(name);
+    if (r.api.observer_) r.api.observer_->config_changed(*r.run, format, text);
+  }
+  JsonWriter j;
+  j.begin_object().field("run", name).key("changed").begin_array();
+  for (const std::string& f : check.changed) j.value(f);
+  j.end_array().field("applied", apply);
+  j.key("summary");
+  write_run_summary(j, *r.run, r.now);
+  j.end_object();
   return ok(j);
 }
 

@@ -72,6 +72,9 @@ class ApiObserver {
   virtual void completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
                                    const Completed& completed, const Completion& completion,
                                    TimeMs now) = 0;
+  // A run's config was replaced through POST /v1/runs/{run}/config (`run` is the run under
+  // it), by this text of this stored format (config/config_file.h).
+  virtual void config_changed(const Run& run, std::string_view format, std::string_view text) = 0;
 };
 
 // Limits on what clients may make the coordinator hold (docs/SECURITY.md).

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/run_codec.h"
 #include "core/utf8.h"
 
 namespace traincoord {
@@ -586,6 +587,8 @@ TEST(Auth, TokensGateEachEndpointByRole) {
   EXPECT_EQ(status("POST", "/v1/runs/other/acquire", worker), 403);
   EXPECT_EQ(status("POST", "/v1/runs/r/cancel", worker), 403);
   EXPECT_EQ(status("POST", "/v1/runs/r/cancel", admin), 200);
+  EXPECT_EQ(status("POST", "/v1/runs/r/config", worker), 403);
+  EXPECT_EQ(status("POST", "/v1/runs/r/config", admin), 200);
   EXPECT_EQ(status("POST", "/v1/runs", worker), 403);
   EXPECT_EQ(status("GET", "/metrics", admin), 200);
   EXPECT_EQ(status("POST", "/v1/runs/unknown/acquire", "x"), 403);  // no token made for it
@@ -884,6 +887,93 @@ TEST_F(ApiTest, AWorkerIsFencedByTheGroupItRegisteredWithNotByWhatItsRequestsNam
   json("POST", "/v1/runs/r/workers", R"({"name": "a"})");
   EXPECT_EQ(code_of(reply("POST", "/v1/runs/r/heartbeat", R"({"worker": 0, "group": "g9"})")),
             "group_mismatch");
+}
+
+// POST /v1/runs/{run}/config (docs/API.md "Changing a started run's config"): the rules of
+// --apply-config-changes, live. The run of the fixture trains 1 epoch of 4 batches.
+constexpr const char* kChangedToml = R"(name = "r"
+[data]
+train_batches = 4
+dev_batches = 2
+order = "sequential"
+[schedule]
+epochs = EPOCHS
+[leases]
+timeout = 1.0
+)";
+
+std::string toml_body(const std::string& toml) {
+  std::string escaped;
+  for (char c : toml)
+    escaped += c == '\n' ? std::string("\\n") : c == '"' ? std::string("\\\"") : std::string(1, c);
+  return R"({"toml": ")" + escaped + R"("})";
+}
+
+std::string with_epochs(int epochs) {
+  std::string toml = kChangedToml;
+  toml.replace(toml.find("EPOCHS"), 6, std::to_string(epochs));
+  return toml;
+}
+
+TEST_F(ApiTest, AStartedRunTakesMoreEpochsThroughTheAdminCall) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "w"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  auto same = json("POST", "/v1/runs/r/config", toml_body(with_epochs(1)));
+  EXPECT_EQ(same["changed"].Size(), 0u);
+  EXPECT_FALSE(same["applied"].GetBool());
+  auto raised = json("POST", "/v1/runs/r/config", toml_body(with_epochs(3)));
+  ASSERT_EQ(raised["changed"].Size(), 1u);
+  EXPECT_STREQ(raised["changed"][0].GetString(), "schedule.epochs");
+  EXPECT_TRUE(raised["applied"].GetBool());
+  EXPECT_EQ(raised["summary"]["target_epoch"].GetInt64(), 3);
+  auto status = json("GET", "/v1/runs/r");
+  EXPECT_EQ(status["plan"]["target_epoch"].GetInt64(), 3);
+  bool evented = false;
+  for (const auto& e : status["events"].GetArray()) {
+    evented = evented ||
+              (std::string(e["kind"].GetString()) == "config_changed" &&
+               std::string(e["text"].GetString()) == "changed through the API: schedule.epochs");
+  }
+  EXPECT_TRUE(evented);
+  // The lease held before the change is still the worker's: completed as any other.
+  auto done = json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": 0.5})");
+  EXPECT_STREQ(done["outcome"].GetString(), "accepted");
+}
+
+TEST_F(ApiTest, AConfigChangeARunCannotTakeIsRefusedAndChangesNothing) {
+  const std::string before = RunCodec::save(**engine_.find("r"));
+  auto code = [&](const std::string& body, int status) {
+    const HttpReply r = reply("POST", "/v1/runs/r/config", body);
+    EXPECT_EQ(r.status, status) << body << ": " << r.body;
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    return d.IsObject() && d.HasMember("error")
+               ? std::string(d["error"]["code"].GetString()) + " " +
+                     (d["error"].HasMember("field") ? d["error"]["field"].GetString() : "") + " " +
+                     d["error"]["message"].GetString()
+               : std::string();
+  };
+  std::string batches = with_epochs(1);
+  batches.replace(batches.find("train_batches = 4"), 17, "train_batches = 5");
+  EXPECT_NE(code(toml_body(batches), 409)
+                .find("config_change_refused  run r: a started run "
+                      "cannot change data.train_batches"),
+            std::string::npos);
+  std::string other = with_epochs(2);
+  other.replace(other.find("\"r\""), 3, "\"q\"");
+  EXPECT_NE(code(toml_body(other), 400).find("invalid_argument name"), std::string::npos);
+  EXPECT_NE(code("{}", 400).find("invalid_argument toml"), std::string::npos);
+  EXPECT_NE(code(R"({"toml": "x", "config": {}})", 400).find("invalid_argument config"),
+            std::string::npos);
+  EXPECT_NE(code(toml_body("name = "), 400).find("invalid_argument"), std::string::npos);
+  // The coordinator reads no file a config sent to it names.
+  std::string with_file = with_epochs(2);
+  with_file.replace(with_file.find("[schedule]"), 10,
+                    "train_lengths = \"/etc/hostname\"\n[schedule]");
+  EXPECT_NE(code(toml_body(with_file), 400).find("a lengths file is read only from a config file"),
+            std::string::npos);
+  EXPECT_EQ(RunCodec::save(**engine_.find("r")), before);
+  EXPECT_EQ(reply("POST", "/v1/runs/nope/config", toml_body(with_epochs(2))).status, 404);
 }
 
 }  // namespace

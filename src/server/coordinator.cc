@@ -76,6 +76,11 @@ void JournalObserver::completion_accepted(const Run& run, WorkerId worker, Lease
                            completion.samples, &completion.metrics, now});
 }
 
+void JournalObserver::config_changed(const Run& run, std::string_view format,
+                                     std::string_view text) {
+  journal_.add_config(run.config().name, format, text);
+}
+
 Coordinator::Coordinator(Engine& engine, ServerClock& clock, Journal* journal,
                          CoordinatorOptions options)
     : engine_(engine),

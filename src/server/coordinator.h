@@ -36,6 +36,7 @@ class JournalObserver final : public ApiObserver {
   void completion_accepted(const Run& run, WorkerId worker, LeaseId lease,
                            const Completed& completed, const Completion& completion,
                            TimeMs now) override;
+  void config_changed(const Run& run, std::string_view format, std::string_view text) override;
 
  private:
   Journal& journal_;

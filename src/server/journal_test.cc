@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -213,6 +214,74 @@ TEST_P(Journal, RestoreRebuildsTheRunExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Journal, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
+
+// kConfig with schedule.epochs = `epochs`.
+std::string config_with_epochs(int epochs) {
+  std::string config = kConfig;
+  const std::string four = "\"epochs\": 4";
+  config.replace(config.find(four), four.size(), "\"epochs\": " + std::to_string(epochs));
+  return config;
+}
+
+// A started run's config changed through the API (POST /v1/runs/{run}/config, issue 34): the
+// run raised to more epochs after it trained (and finished) comes back from the data dir under
+// its new config, exactly as it was, whether a snapshot came after the change or not: the new
+// config is written with a snapshot of the run under it, so no record of the old config is
+// replayed under the new one.
+TEST(JournalKeeps, AConfigChangedThroughTheApiComesBackAfterARestart) {
+  for (uint64_t snapshot_every : {uint64_t{1'000'000}, uint64_t{7}}) {
+    SCOPED_TRACE("snapshot_every " + std::to_string(snapshot_every));
+    TempDir dir;
+    std::string before;
+    {
+      Harness h(dir.path(), snapshot_every);
+      drive(h, 3);
+      const HttpReply dry = h.post("/v1/runs/j/config",
+                                   R"({"dry_run": true, "config": )" + config_with_epochs(6) + "}");
+      ASSERT_EQ(dry.status, 200) << dry.body;
+      EXPECT_NE(dry.body.find(R"("changed":["schedule.epochs"],"applied":false)"),
+                std::string::npos)
+          << dry.body;
+      EXPECT_EQ((*h.engine().find("j"))->config().epochs, 4);
+      const HttpReply changed =
+          h.post("/v1/runs/j/config", R"({"config": )" + config_with_epochs(6) + "}");
+      ASSERT_EQ(changed.status, 200) << changed.body;
+      EXPECT_NE(changed.body.find(R"("changed":["schedule.epochs"],"applied":true)"),
+                std::string::npos)
+          << changed.body;
+      const auto& events = (*h.engine().find("j"))->events();
+      EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const Event& e) {
+        return e.kind == EventKind::kConfigChanged &&
+               e.text == "changed through the API: schedule.epochs";
+      }));
+      // Trained on under the new config by a worker of its own, a wave at a time.
+      const uint64_t done = (*h.engine().find("j"))->counters().completions_accepted;
+      h.post("/v1/runs/j/workers", R"({"name": "after"})");
+      const std::string after = std::to_string((*h.engine().find("j"))->workers().size() - 1);
+      for (int i = 1; i <= 40; ++i) {
+        const HttpReply got =
+            h.post("/v1/runs/j/acquire",
+                   R"({"worker": )" + after + R"(, "request": )" + std::to_string(1000 + i) + "}");
+        const size_t at = got.body.find("\"lease\":");
+        if (at == std::string::npos) continue;
+        h.post("/v1/runs/j/complete", R"({"worker": )" + after + R"(, "lease": )" +
+                                          std::to_string(std::stoull(got.body.substr(at + 8))) +
+                                          R"(, "loss": 0.5, "samples": 3})");
+        if (i % 9 == 0) h.commit();
+      }
+      h.commit();
+      const traincoord::Run& run = **h.engine().find("j");
+      EXPECT_GT(run.counters().completions_accepted, done) << "nothing trained after the change";
+      EXPECT_EQ(run.plan().target_epoch, 6);
+      before = saved_state(h.engine());
+    }
+    Restored r;
+    ASSERT_NO_FATAL_FAILURE(restore(dir.path(), /*read_only=*/true, &r));
+    const traincoord::Run& run = **r.engine.find("j");
+    EXPECT_EQ(run.config().epochs, 6);
+    EXPECT_EQ(saved_state(r.engine), before);
+  }
+}
 
 // Rewrites a database into an older schema, as older traincoords wrote it. Schema 2: the
 // completions in a table (without rowid) instead of rows of a commit's completions behind a

@@ -988,6 +988,11 @@ void Store::add_run(const std::string& name, std::string_view format, std::strin
   touched_.insert(name);
 }
 
+void Store::add_config(const std::string& run, std::string_view format, std::string_view text) {
+  pending_configs_.push_back({run, std::string(format), std::string(text), 0});
+  touched_.insert(run);
+}
+
 // Encoded straight into the run's row of the next commit: a record costs one append, not a
 // copy of its target and body kept until take().
 void Store::add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
@@ -1037,6 +1042,7 @@ void StoreBatch::append(StoreBatch&& later) {
   move_all(epochs, later.epochs);
   move_all(run_states, later.run_states);
   move_all(snapshots, later.snapshots);
+  move_all(configs, later.configs);
   derive_epochs = derive_epochs || later.derive_epochs;
   move_all(epoch_resets, later.epoch_resets);
 }
@@ -1084,6 +1090,12 @@ StoreBatch Store::take_batch(const Engine& engine, bool snapshots, TimeMs now) {
     batch.log.push_back(std::move(row));
   }
   pending_log_.clear();
+  // A replaced config goes with a snapshot of the run under it, which covers its log so far.
+  batch.configs = std::move(pending_configs_);
+  pending_configs_.clear();
+  for (const StoreBatch::NewRun& config : batch.configs) {
+    if (auto run = engine.find(config.name)) take_snapshot(**run, now, &batch);
+  }
   for (StoreBatch::CompletionBatch& c : pending_completions_) c.rows.push_back(']');
   batch.completions = std::move(pending_completions_);
   pending_completions_.clear();
@@ -1188,6 +1200,14 @@ Result<void> Store::write_batch(const StoreBatch& batch) {
   for (const StoreBatch::RunRow& run : batch.run_states) {
     update_run_.bind(1, run.state).bind(2, run.reason).bind(3, run.name);
     if (auto r = update_run_.run(); !r) return rollback(r.error());
+  }
+  for (const StoreBatch::NewRun& c : batch.configs) {
+    auto stmt =
+        db_.prepare("UPDATE runs SET config_format = ?, config = ?, sum = ? WHERE name = ?");
+    if (!stmt) return rollback(stmt.error());
+    stmt->bind(1, c.format).bind(2, c.text);
+    stmt->bind(3, as_int(config_sum(c.name, c.format, c.text))).bind(4, c.name);
+    if (auto r = stmt->run(); !r) return rollback(r.error());
   }
   for (const StoreBatch::SnapshotRow& snap : batch.snapshots) {
     upsert_snapshot_.bind(1, snap.run).bind(2, snap.seq).bind(3, snap.time);

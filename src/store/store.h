@@ -91,6 +91,7 @@ struct StoreBatch final : JournalBatch {
   std::vector<EpochRow> epochs;
   std::vector<RunRow> run_states;
   std::vector<SnapshotRow> snapshots;
+  std::vector<NewRun> configs;  // a run's config replaced (`created` unused), with a snapshot
   // The epochs table is derived from the runs' state: all of it again at the first commit after
   // a start (`derive_epochs`: its rows are deleted first, whatever was edited in them), and a
   // run's again after a restore changed its epochs (`epoch_resets`: that run's rows deleted).
@@ -99,7 +100,7 @@ struct StoreBatch final : JournalBatch {
 
   bool empty() const override {
     return runs.empty() && log.empty() && completions.empty() && snapshots.empty() &&
-           !derive_epochs && epoch_resets.empty();
+           configs.empty() && !derive_epochs && epoch_resets.empty();
   }
   // Appends `later` (written after this one).
   void append(StoreBatch&& later);
@@ -164,7 +165,10 @@ class Store final : public Journal {
   void add_record(std::string_view run, TimeMs time, RecordKind kind, std::string_view target,
                   std::string_view body, int outcome, std::string_view reply = {}) override;
   void add_completion(const CompletionRow& row) override;
-  bool has_pending() const { return !pending_runs_.empty() || !pending_log_.empty(); }
+  void add_config(const std::string& run, std::string_view format, std::string_view text) override;
+  bool has_pending() const {
+    return !pending_runs_.empty() || !pending_log_.empty() || !pending_configs_.empty();
+  }
 
   // Snapshots are taken of every run with at least snapshot_every records since its last one.
   std::unique_ptr<JournalBatch> take(const Engine& engine, bool snapshots, TimeMs now) override;
@@ -207,6 +211,7 @@ class Store final : public Journal {
   // Engine thread (take() and the buffers): what is not yet taken, and the bookkeeping of
   // what was; db_ and the statements belong to write().
   std::vector<StoreBatch::NewRun> pending_runs_;
+  std::vector<StoreBatch::NewRun> pending_configs_;
   struct PendingLog {  // a run's records since the last take(), encoded as its log row holds them
     std::string run;
     std::string records;

@@ -68,7 +68,7 @@ TEST(Cli, EveryArgumentErrorExitsTwo) {
 
 TEST(Cli, HelpOfEverySubcommandEndsWithAnExampleAndExitsZero) {
   for (const std::string sub :
-       {"simulate", "serve", "status", "runs", "history", "launch", "inspect"}) {
+       {"simulate", "serve", "status", "runs", "history", "launch", "inspect", "apply-config"}) {
     auto [status, out] = traincoord(sub + " --help");
     EXPECT_EQ(status, 0) << sub;
     const size_t at = out.find("Example");
@@ -89,6 +89,85 @@ TEST(Cli, ExitCodesOfTheTable) {
   auto [missing, out3] = traincoord("history nope --url " + server->url());
   EXPECT_EQ(missing, 3) << out3;
   EXPECT_TRUE(contains(out3, "nope")) << out3;
+}
+
+// One worker trains until the run hands out nothing more; returns the jobs it completed.
+int train_to_the_end(const std::string& url, const std::string& worker) {
+  int done = 0;
+  for (int i = 0; i < 100; ++i) {
+    auto got = client::post(url, "/v1/runs/cli/acquire", R"({"worker": )" + worker + "}");
+    if (!got) return -1;
+    rapidjson::Document d;
+    d.Parse(got->c_str());
+    if (std::string(d["status"].GetString()) != "job") return done;
+    const uint64_t lease = d["job"]["lease"].GetUint64();
+    if (!client::post(url, "/v1/runs/cli/complete",
+                      R"({"worker": )" + worker + R"(, "lease": )" + std::to_string(lease) +
+                          R"(, "loss": 0.5, "samples": 1})")) {
+      return -1;
+    }
+    done += 1;
+  }
+  return done;
+}
+
+// `traincoord apply-config` (issue 34: "train 10 more epochs" without a restart): a completed
+// run raised from 1 to 3 epochs while its coordinator serves it trains the epochs added, each
+// job once; the change outlives a kill -9 (its data dir holds the new config), and a change a
+// started run cannot take is refused, naming the field, changing nothing.
+TEST(Cli, ApplyConfigRaisesTheEpochsOfAServedRunAndTheChangeOutlivesAKill) {
+  TempDir dir;
+  const std::string file = dir.write("cli.toml", kRun);
+  const std::vector<std::string> args = {"--config", file, "--data-dir", dir.path() + "/data"};
+  auto server = ServerProcess::start(args);
+  ASSERT_NE(server, nullptr);
+  std::string url = server->url();
+  ASSERT_TRUE(client::post(url, "/v1/runs/cli/workers", R"({"name": "a"})"));
+  EXPECT_EQ(train_to_the_end(url, "0"), 6);  // epoch 0: 4 train and 2 dev jobs
+  std::string more = kRun;
+  more.replace(more.find("epochs = 1"), 10, "epochs = 3");
+  dir.write("cli.toml", more);
+  auto [dry, dry_out] = traincoord("apply-config " + file + " --url " + url + " --dry-run");
+  EXPECT_EQ(dry, 0) << dry_out;
+  EXPECT_TRUE(contains(dry_out, "run cli: would change schedule.epochs")) << dry_out;
+  auto [applied, out] = traincoord("apply-config " + file + " --url " + url);
+  EXPECT_EQ(applied, 0) << out;
+  EXPECT_TRUE(contains(out, "applied the changed schedule.epochs to run cli")) << out;
+  auto [again, again_out] = traincoord("apply-config " + file + " --url " + url);
+  EXPECT_EQ(again, 0) << again_out;
+  EXPECT_TRUE(contains(again_out, "nothing to change")) << again_out;
+  std::string fixed = more;
+  fixed.replace(fixed.find("train_batches = 4"), 17, "train_batches = 8");
+  const std::string fixed_file = dir.write("fixed.toml", fixed);
+  auto [refused, refused_out] = traincoord("apply-config " + fixed_file + " --url " + url);
+  EXPECT_EQ(refused, 2) << refused_out;
+  EXPECT_TRUE(contains(refused_out, "cannot change data.train_batches")) << refused_out;
+  // One job of epoch 1, then the coordinator is killed and started again on the changed file
+  // (no --apply-config-changes: it is the run's config now).
+  auto held = client::post(url, "/v1/runs/cli/acquire", R"({"worker": 0})");
+  ASSERT_TRUE(held);
+  rapidjson::Document d;
+  d.Parse(held->c_str());
+  ASSERT_STREQ(d["status"].GetString(), "job") << *held;
+  const std::string lease = std::to_string(d["job"]["lease"].GetUint64());
+  server->kill(SIGKILL);
+  server = ServerProcess::start(args);
+  ASSERT_NE(server, nullptr);
+  url = server->url();
+  auto status = client::get(url, "/v1/runs/cli");
+  ASSERT_TRUE(status);
+  d.Parse(status->c_str());
+  EXPECT_EQ(d["plan"]["target_epoch"].GetInt64(), 3) << *status;
+  EXPECT_STREQ(d["state"].GetString(), "running") << *status;
+  // Epochs 1 and 2, each job once (the lease held at the kill runs out, and its job is handed
+  // out again: leases.timeout is the default 30 s, so it is released by hand here).
+  ASSERT_TRUE(
+      client::post(url, "/v1/runs/cli/release", R"({"worker": 0, "leases": [)" + lease + "]}"));
+  EXPECT_EQ(train_to_the_end(url, "0"), 12);
+  status = client::get(url, "/v1/runs/cli");
+  ASSERT_TRUE(status);
+  d.Parse(status->c_str());
+  EXPECT_STREQ(d["state"].GetString(), "completed") << *status;
 }
 
 // Four train jobs with losses 1..4 and an accuracy each: the CSV has their epoch and each job.
