@@ -139,6 +139,55 @@ TEST(HighAvailabilityConfig, AChangeAppliedAtTakeoverSurvivesTheNextTakeover) {
   EXPECT_EQ(said.find("applied"), std::string::npos) << said;
 }
 
+// A live change under HA (`traincoord apply-config`, POST /v1/runs/{run}/config): sent to both
+// coordinators' URLs, it goes to the run's leader a, which applies it and writes it with a
+// snapshot in the run's next fenced txn; b, a standby started with the old file and no flag,
+// takes the run over when a stops and serves the raised epochs from etcd; the run ends with
+// every job of both epochs counted once.
+TEST(HighAvailabilityConfig, ALiveChangeOnTheLeaderIsServedByTheNextLeader) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  TempDir dir;
+  const std::string journal = "etcd://" + cluster.endpoints() + "/live";
+  const std::string one = dir.write("x1.toml", run_toml("x", 1));
+  const std::string two = dir.write("x2.toml", run_toml("x", 2));
+  RunLog log;
+  auto a = ServerProcess::start({"--config", one, "--journal", journal});
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(eventually([&] { return http(a->url(), "GET", "/v1/runs/x").status == 200; }));
+  auto b = ServerProcess::start({"--config", one, "--journal", journal});
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(eventually([&] { return std::get<1>(runs_of(b->url())["x"]) == a->url(); }));
+  {
+    testing::WorkerThreads workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.threads.emplace_back([&, w] { work({a->url()}, "x", w, log); });
+    }
+    workers.join();
+  }
+  ASSERT_FALSE(log.failed);
+  expect_completed_exactly_once(a->url(), "x", 1, log);
+  int status = -1;
+  const std::string said =
+      testing::run_command(std::string(TRAINCOORD_BIN) + " apply-config " + two + " --url " +
+                               b->url() + "," + a->url() + " 2>&1",
+                           &status);
+  EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("applied the changed schedule.epochs to run x"), std::string::npos) << said;
+  a->kill(SIGTERM);  // (its lease revoked: b need not wait out its TTL)
+  ASSERT_TRUE(eventually([&] { return http(b->url(), "GET", "/v1/runs/x").status == 200; }))
+      << b->read_output();
+  {
+    testing::WorkerThreads workers;
+    for (int w = 2; w < 4; ++w) {
+      workers.threads.emplace_back([&, w] { work({b->url()}, "x", w, log); });
+    }
+    workers.join();
+  }
+  ASSERT_FALSE(log.failed) << b->read_output();
+  expect_completed_exactly_once(b->url(), "x", 2, log);
+}
+
 // A coordinator started later gets runs handed over: a leads the three runs of its config files,
 // with workers on each; b joins; a, above its fair share (ceil(3 / 2) = 2) while b leads none,
 // hands one run over after the hold time (b's campaign takes it), and no more; every job of
