@@ -904,7 +904,8 @@ Result<Completed> Run::complete(WorkerId worker, LeaseId lease, const Completion
   counters_.completions_accepted += 1;
   series_.add(e.plan.set, e.plan.epoch, counters_.completions_accepted, completion);
   const Completed accepted{CompletionOutcome::kAccepted, e.plan.epoch, e.plan.set, position};
-  recent_.push_back({e.plan.epoch, e.plan.set, position, completion.loss, clock_.now(), worker});
+  recent_.push_back({e.plan.epoch, e.plan.set, position, completion.loss, clock_.now(), worker,
+                     counters_.completions_accepted});
   if (recent_.size() > kRecentKept) recent_.pop_front();
   if (e.resolved() == e.plan.size()) close_epoch(slot);
   return accepted;

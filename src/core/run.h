@@ -159,6 +159,10 @@ struct RecentCompletion {
   double loss = 0;
   TimeMs time = 0;
   WorkerId worker = 0;  // who completed it (its position in Run::workers())
+  // Its number among the run's counted completions (counters.completions_accepted when it was
+  // counted): the `n` of its series points. A restore withdraws completions of the lineage it
+  // abandons, so the numbers of those kept need not follow each other.
+  uint64_t n = 0;
 };
 
 // Step mode: what one rank's train batches took, by the batch times it reported

@@ -15,22 +15,21 @@ namespace traincoord {
 namespace {
 
 // The recent completions a history lists: those numbered after `jobs_after`. A completion's
-// number is its place among the run's counted completions (counters.completions_accepted is
-// the newest one's), so a poller that remembers the last it saw asks only for the newer ones.
+// number is its place among the run's counted completions (RecentCompletion::n; the series'
+// `n`), so a poller that remembers the last it saw asks only for the newer ones.
 struct RecentJobs {
-  size_t begin = 0;      // index of the first listed in recent_completions()
-  uint64_t first_n = 0;  // the number of recent_completions()[0]
-  uint64_t total = 0;    // the number of the newest counted completion
+  size_t begin = 0;    // index of the first listed in recent_completions()
+  uint64_t total = 0;  // the number of the newest counted completion
 };
 
 RecentJobs recent_jobs(const Run& run, uint64_t jobs_after) {
   const auto& recent = run.recent_completions();
   RecentJobs r;
   r.total = run.counters().completions_accepted;
-  r.first_n = r.total - std::min<uint64_t>(r.total, recent.size()) + 1;
-  if (jobs_after >= r.first_n) {
-    r.begin = static_cast<size_t>(std::min<uint64_t>(jobs_after - r.first_n + 1, recent.size()));
-  }
+  r.begin = static_cast<size_t>(
+      std::partition_point(recent.begin(), recent.end(),
+                           [&](const RecentCompletion& c) { return c.n <= jobs_after; }) -
+      recent.begin());
   return r;
 }
 
@@ -177,7 +176,7 @@ std::string history_jsonl(const Run& run, const HistoryPage& page, TimeMs now) {
   for (size_t i = jobs.begin; i < recent.size(); ++i) {
     JsonWriter j;
     j.begin_object().field("kind", "job");
-    write_history_job(j, run, recent[i], jobs.first_n + i, page, now);
+    write_history_job(j, run, recent[i], recent[i].n, page, now);
     out += j.end_object().take();
     out += '\n';
   }
@@ -199,7 +198,7 @@ void write_history(JsonWriter& j, const Run& run, const HistoryPage& page, TimeM
   j.end_array().field("jobs_total", jobs.total).key("jobs").begin_array();
   for (size_t i = jobs.begin; i < recent.size(); ++i) {
     j.begin_object();
-    write_history_job(j, run, recent[i], jobs.first_n + i, page, now);
+    write_history_job(j, run, recent[i], recent[i].n, page, now);
     j.end_object();
   }
   j.end_array().end_object();

@@ -6,6 +6,7 @@
 #include "store/store.h"
 
 #include <gtest/gtest.h>
+#include <rapidjson/document.h>
 
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 
@@ -932,27 +934,31 @@ TEST(JournalKeeps, AnEditedCompletionRowIsFoundByItsChecksum) {
 
 // Item 9: a completed run restored from a cut and trained again shows, in SQL and in its
 // history, the lineage it now has: the epoch's new loss, and only the completions it counts.
-TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
-  TempDir dir;
+// A rank of `group` (worker `worker`) trains `jobs` jobs of run j, each reporting `loss`.
+void train_in_group(Harness& h, const std::string& worker, const std::string& group,
+                    const char* loss, int jobs = 4) {
   auto lease_of = [](const std::string& body) {
     const auto at = body.find("\"lease\":");
     return at == std::string::npos ? std::string("0")
                                    : std::to_string(std::stoull(body.substr(at + 8)));
   };
+  for (int job = 0; job < jobs; ++job) {
+    const HttpReply a =
+        h.post("/v1/runs/j/acquire", R"({"worker": )" + worker + R"(, "group": ")" + group + "\"}");
+    ASSERT_EQ(a.status, 200) << a.body;
+    const HttpReply c =
+        h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "group": ")" + group +
+                                          R"(", "lease": )" + lease_of(a.body) + R"(, "loss": )" +
+                                          loss + R"(, "samples": 1})");
+    ASSERT_EQ(c.status, 200) << c.body;
+    ASSERT_NE(c.body.find("\"counted\":true"), std::string::npos) << c.body;
+  }
+}
+
+TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
+  TempDir dir;
   auto train = [&](Harness& h, const std::string& worker, const std::string& group,
-                   const char* loss) {
-    for (int job = 0; job < 4; ++job) {
-      const HttpReply a = h.post("/v1/runs/j/acquire",
-                                 R"({"worker": )" + worker + R"(, "group": ")" + group + "\"}");
-      ASSERT_EQ(a.status, 200) << a.body;
-      const HttpReply c =
-          h.post("/v1/runs/j/complete", R"({"worker": )" + worker + R"(, "group": ")" + group +
-                                            R"(", "lease": )" + lease_of(a.body) + R"(, "loss": )" +
-                                            loss + R"(, "samples": 1})");
-      ASSERT_EQ(c.status, 200) << c.body;
-      ASSERT_NE(c.body.find("\"counted\":true"), std::string::npos) << c.body;
-    }
-  };
+                   const char* loss) { train_in_group(h, worker, group, loss); };
   {
     Harness h(dir.path(), 1'000'000);
     ASSERT_EQ(h.post("/v1/runs", R"({"name": "j", "data": {"train_batches": 4},
@@ -991,6 +997,48 @@ TEST(JournalKeeps, ARestoredRunShowsTheLineageItNowHasInSqlAndHistory) {
   EXPECT_EQ(db->scalar("SELECT count(*) FROM completions").value(), "8");
   EXPECT_EQ(db->scalar("SELECT count(*) || ' ' || sum(loss) FROM counted_completions").value(),
             "4 12.0");
+}
+
+// A completion's number (`n`) is its place among the run's counted completions, the same in the
+// history's job rows and in the series, also after a restore withdrew completions in between:
+// 2 jobs, a cut, 2 jobs (withdrawn by the restore), 2 jobs again: the history lists 1, 2, 5, 6.
+TEST(JournalKeeps, AHistoryJobAndItsSeriesPointHaveOneNumberAfterARestore) {
+  TempDir dir;
+  Harness h(dir.path(), 1'000'000);
+  ASSERT_EQ(h.post("/v1/runs", R"({"name": "j", "data": {"train_batches": 8},
+                                   "schedule": {"epochs": 1}})")
+                .status,
+            201);
+  ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "a", "group": "g1"})").status, 200);
+  ASSERT_NO_FATAL_FAILURE(train_in_group(h, "0", "g1", "1", 2));
+  ASSERT_EQ(h.post("/v1/runs/j/cuts", R"({"worker": 0, "group": "g1", "seq": 1})").status, 200);
+  ASSERT_NO_FATAL_FAILURE(train_in_group(h, "0", "g1", "2", 2));
+  ASSERT_EQ(h.post("/v1/runs/j/workers", R"({"name": "b", "group": "g2"})").status, 200);
+  ASSERT_EQ(h.post("/v1/runs/j/restore", R"({"group": "g2", "cut": 1})").status, 200);
+  ASSERT_NO_FATAL_FAILURE(train_in_group(h, "1", "g2", "3", 2));
+  rapidjson::Document history, series;
+  history.Parse(h.get("/v1/runs/j/history").body.c_str());
+  series.Parse(h.get("/v1/runs/j/series").body.c_str());
+  std::map<uint64_t, double> points;  // the train loss series' points, by n
+  for (const auto& s : series["series"].GetArray()) {
+    if (std::string(s["set"].GetString()) != "train" ||
+        std::string(s["name"].GetString()) != "loss")
+      continue;
+    for (const auto& p : s["points"].GetArray()) points[p[0].GetUint64()] = p[2].GetDouble();
+  }
+  EXPECT_EQ(points.size(), 6u);  // (the series keeps the lineage abandoned)
+  std::vector<uint64_t> numbers;
+  for (const auto& job : history["jobs"].GetArray()) {
+    const uint64_t n = job["n"].GetUint64();
+    numbers.push_back(n);
+    ASSERT_TRUE(points.contains(n)) << n;
+    EXPECT_EQ(points[n], job["loss"].GetDouble()) << n;
+  }
+  EXPECT_EQ(numbers, (std::vector<uint64_t>{1, 2, 5, 6}));
+  rapidjson::Document newer;
+  newer.Parse(h.get("/v1/runs/j/history?jobs_after=2").body.c_str());
+  ASSERT_EQ(newer["jobs"].Size(), 2u);
+  EXPECT_EQ(newer["jobs"][0]["n"].GetUint64(), 5u);
 }
 
 }  // namespace
