@@ -516,12 +516,13 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
         series[run] = (await api(`/v1/runs/${run}/series`)).series;
         history[run] = await api(`/v1/runs/${run}/history?jobs_after=1000000`);
       }
-      const drawn = await page.evaluate(() => ({
+      const drawn = await page.evaluate(() => !state.epochChart ? null : ({
         series: Object.fromEntries([...state.seriesCharts].map(([n, c]) =>
           [n, { data: c.data, labels: c.series.slice(1).map((s) => s.label) }])),
         epochs: { data: state.epochChart.data, labels: state.epochChart.series.slice(1).map((s) => s.label) },
         metrics: Object.fromEntries([...state.metricCharts].map(([n, c]) => [n, { data: c.data }])),
       }));
+      if (!drawn) return ["nothing drawn yet"];
       const out = [];
       const labels = runs.length > 1 ? runs.flatMap((r) => [`${r} train`, `${r} dev`]) : ["train", "dev"];
       // A chart's column for run i and `set` against the expected [x, value] pairs.
@@ -627,6 +628,9 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
       (await page.getAttribute('#runs a[href^="?run=C"]', "href")) === "?run=C&compare=B");
     await page.reload();
     await matches(["A", "B"]);
+    const artifacts = process.env.ARTIFACT_DIR || dir;
+    mkdirSync(artifacts, { recursive: true });
+    await page.screenshot({ path: join(artifacts, "dashboard-compare.png"), fullPage: true });
   } finally {
     if (browser) await browser.close();
     if (serverProc) serverProc.kill("SIGKILL");
