@@ -557,15 +557,18 @@ $("compare").addEventListener("change", (ev) => {
   tick();  // (at once)
 });
 
+// A poll's requests go out together: the coordinator's and the runs' first, then the chosen
+// run's status, history and series and each compared run's.
 async function poll() {
-  let coordinator = null;
-  try {
-    coordinator = await json("/v1/coordinator");
-  } catch (e) { /* (an older coordinator has no such endpoint) */ }
+  // (An older coordinator has no /v1/coordinator.)
+  const coordinatorReply = json("/v1/coordinator").catch(() => null);
+  const runsReply = json("/v1/runs");
+  runsReply.catch(() => {});  // (its error is shown below)
+  const coordinator = await coordinatorReply;
   drawCoordinator(coordinator);
   drawRunLeaders(coordinator);
   try {
-    const runs = (await json("/v1/runs")).runs;
+    const runs = (await runsReply).runs;
     if (!state.run && runs.length) state.run = (runs.find((r) => r.led_here !== false) || runs[0]).run;
     $("runs").innerHTML = runs.map(runLink).join("");
     const chosen = runs.find((r) => r.run === state.run);
@@ -576,16 +579,19 @@ async function poll() {
         ? `its leader <a href="${text(chosen.leader)}/?run=${encodeURIComponent(chosen.run)}">${text(chosen.leader)}</a>`
         : "its leader, once one is elected");
     } else if (state.run) {
-      // The status without its list of epochs (the history has them), then what changed; the
-      // compared runs' meanwhile.
+      // At once: the status without its list of epochs (the history has them), what changed of
+      // the history and series, and what changed of each compared run's.
       const others = fetchCompared();
       const run = state.run;
       if (kept.run !== run) kept = historyStore(run);
       if (keptSeries.run !== run) keptSeries = seriesStore(run);
-      const status = await json(`/v1/runs/${encodeURIComponent(run)}?epochs=0`);
-      const history = await fetchHistory(kept);
-      const series = await fetchSeries(keptSeries);
-      const drawn = [{ run, history, series }, ...(await others)];
+      // (Each settled before the next poll, so that no fetch outlives its poll.)
+      const [replies, more] = await Promise.all([Promise.allSettled([
+        json(`/v1/runs/${encodeURIComponent(run)}?epochs=0`), fetchHistory(kept), fetchSeries(keptSeries)]), others]);
+      const failed = replies.find((r) => r.status === "rejected");
+      if (failed) throw failed.reason;
+      const [status, history, series] = replies.map((r) => r.value);
+      const drawn = [{ run, history, series }, ...more];
       draw(status, drawn);
       state.last = { status, runs: drawn };
     }
