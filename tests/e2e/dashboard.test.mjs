@@ -11,6 +11,8 @@
 // completions, the series' newer points), a few kB however long the run. A step-mode run (cost-balanced, its mode left to
 // the default): the steps panel shows the server's steps done of planned per set, the fitted
 // cost model, each rank's batches and fitted speed, and the title says the run hands out steps.
+// Comparing runs (/?run=A&compare=B): the compared runs on every chart point for point as the
+// server holds them, polled for what changed only, picked and dropped with the checkboxes.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
