@@ -6,8 +6,12 @@ const RATE_WINDOW_MS = 60000;
 // The workers table shows the busiest ones, then a summary row for all of them.
 const TOP_WORKERS = 20;
 
+const query = new URLSearchParams(location.search);
 const state = {
-  run: new URLSearchParams(location.search).get("run"),
+  run: query.get("run"),
+  // Other runs of this coordinator drawn beside it (docs/OBSERVABILITY.md "Comparing runs"):
+  // `/?run=A&compare=B,C`.
+  compare: [...new Set((query.get("compare") || "").split(",").filter(Boolean))],
   epochChart: null,
   jobChart: null,
   metricCharts: new Map(),   // metric name → its chart
@@ -114,30 +118,53 @@ const trainDev = [
   { label: "dev", stroke: "#dd6b3b", width: 2, points: { show: true } },
 ];
 
-function drawEpochs(history, status) {
-  const epochs = [...new Set(history.epochs.map((e) => e.epoch))].sort((a, b) => a - b);
+// A compared run's colour, by its place in the `compare` list (its dev line dashed).
+const PALETTE = ["#7b4fb8", "#2a8c4a", "#c0392b", "#b8860b", "#1a9fb5", "#d6479b", "#6b6f7a", "#8d5a2b"];
+const compareList = () => state.compare.filter((r) => r !== state.run);
+const colourOf = (run) => PALETTE[Math.max(0, compareList().indexOf(run)) % PALETTE.length];
+
+// The lines of a chart over `runs` (the chosen run first, then each compared run drawn): train
+// and dev of each, named after their run when there are several.
+function lines(runs, style) {
+  return runs.flatMap((r, i) => ["train", "dev"].map((set, k) => ({
+    ...style,
+    label: runs.length > 1 ? `${r.run} ${set}` : set,
+    stroke: i === 0 ? trainDev[k].stroke : colourOf(r.run),
+    ...(i > 0 && set === "dev" ? { dash: [6, 4] } : {}),
+  })));
+}
+const runsKey = (runs) => runs.map((r) => r.run).join(",");
+
+// `runs`: [{run, history, series}], the chosen run first, then the compared runs to draw.
+function drawEpochs(runs, status) {
+  const history = runs[0].history;
+  const epochs = [...new Set(runs.flatMap((r) => r.history.epochs.map((e) => e.epoch)))].sort((a, b) => a - b);
   const el = $("epoch-chart");
   const es = status.early_stop;
   state.bestEpoch = es.best_epoch;
   el.dataset.bestEpoch = es.best_epoch === null ? "" : String(es.best_epoch);
   $("best-note").textContent = es.best_epoch === null ? "" :
     `best epoch ${es.best_epoch}: ${es.monitor} ${fmt(es.best_value)}`;
-  state.epochChart = chart(el, `loss|${state.logScale}`, trainDev,
+  state.epochChart = chart(el, `loss|${state.logScale}|${runsKey(runs)}`,
+    lines(runs, { width: 2, points: { show: true } }),
     { xName: "epoch", yLog: state.logScale, best: true }, state.epochChart);
   // A log axis cannot show a loss of 0 or below: such points are left out there.
   const shown = (v) => (state.logScale && v !== null && v <= 0 ? null : v);
-  state.epochChart.setData([epochs,
-    perEpoch(history, epochs, "train", (e) => shown(e.loss)),
-    perEpoch(history, epochs, "dev", (e) => shown(e.loss))]);
+  state.epochChart.setData([epochs, ...runs.flatMap((r) =>
+    ["train", "dev"].map((set) => perEpoch(r.history, epochs, set, (e) => shown(e.loss))))]);
   el.dataset.points = String(history.epochs.filter((e) => e.closed).length);
   el.dataset.scale = state.logScale ? "log" : "linear";
-  drawMetrics(history, epochs);
+  drawMetrics(runs, epochs);
 }
 
-// A chart per metric the workers report (train and dev, per closed epoch).
-function drawMetrics(history, epochs) {
+// A chart per metric the workers report (train and dev, per closed epoch), of any run drawn.
+function drawMetrics(runs, epochs) {
   const names = [];
-  for (const e of history.epochs) for (const n of Object.keys(e.metrics)) if (!names.includes(n)) names.push(n);
+  for (const r of runs) {
+    const seen = new Set();
+    for (const e of r.history.epochs) for (const n of Object.keys(e.metrics)) seen.add(n);
+    for (const n of seen) if (!names.includes(n)) names.push(n);
+  }
   const box = $("metric-charts");
   for (const [name, c] of state.metricCharts) {
     if (!names.includes(name)) { c.destroy(); state.metricCharts.delete(name); }
@@ -151,12 +178,11 @@ function drawMetrics(history, epochs) {
   }
   [...box.children].forEach((section, i) => {
     const name = names[i];
-    const c = chart(section.querySelector(".chart"), `metric|${name}`, trainDev, { xName: "epoch" },
-      state.metricCharts.get(name));
+    const c = chart(section.querySelector(".chart"), `metric|${name}|${runsKey(runs)}`,
+      lines(runs, { width: 2, points: { show: true } }), { xName: "epoch" }, state.metricCharts.get(name));
     state.metricCharts.set(name, c);
-    c.setData([epochs,
-      perEpoch(history, epochs, "train", (e) => e.metrics[name]),
-      perEpoch(history, epochs, "dev", (e) => e.metrics[name])]);
+    c.setData([epochs, ...runs.flatMap((r) =>
+      ["train", "dev"].map((set) => perEpoch(r.history, epochs, set, (e) => e.metrics[name])))]);
   });
 }
 
@@ -172,12 +198,13 @@ function drawJobs(history, current) {
 // The run's series (docs/OBSERVABILITY.md "Series"): every completion's loss and metrics over
 // the whole run, downsampled by the server; a chart per name, train and dev on it, over the
 // completion number n. Kept between polls: a poll asks only for the points after the newest n
-// seen, and everything again when a series' stride changed (the server dropped points).
-const keptSeries = { run: null, after: 0, series: new Map() };  // "set|name" → {stride, points}
+// seen, and everything again when a series' stride changed (the server dropped points). A
+// store per run: the chosen one's and each compared run's.
+const seriesStore = (run) => ({ run, after: 0, series: new Map() });  // "set|name" → {stride, points}
+let keptSeries = seriesStore(null);
 
-async function fetchSeries(run) {
-  if (keptSeries.run !== run) Object.assign(keptSeries, { run, after: 0, series: new Map() });
-  const name = encodeURIComponent(run);
+async function fetchSeries(keptSeries) {
+  const name = encodeURIComponent(keptSeries.run);
   for (let attempt = 0; attempt < 2; attempt++) {
     const r = await json(`/v1/runs/${name}/series?after=${keptSeries.after}`);
     const changed = r.completions < keptSeries.after || r.series.some((s) => {
@@ -202,37 +229,45 @@ async function fetchSeries(run) {
   return keptSeries.series;
 }
 
-function drawSeries(series) {
-  const names = [...new Set([...series.values()].map((s) => s.name))].sort((a, b) =>
+// A chart per series name of any run drawn (a metric only a compared run reports too), a line
+// per run and set.
+const seriesEls = new Map();  // series name → its chart's element
+function drawSeries(runs) {
+  const names = [...new Set(runs.flatMap((r) => [...r.series.values()].map((s) => s.name)))].sort((a, b) =>
     (a === "loss" ? -1 : b === "loss" ? 1 : a.localeCompare(b)));
   const box = $("series-charts");
-  for (const [name, c] of state.seriesCharts) {
-    if (!names.includes(name)) { c.destroy(); c.root.parentElement.remove(); state.seriesCharts.delete(name); }
+  for (const [name, el] of seriesEls) {
+    if (names.includes(name)) continue;
+    const c = state.seriesCharts.get(name);
+    if (c) c.destroy();
+    el.parentElement.remove();
+    state.seriesCharts.delete(name);
+    seriesEls.delete(name);
   }
   for (const name of names) {
-    let c = state.seriesCharts.get(name);
-    if (!c) {
+    let el = seriesEls.get(name);
+    if (!el) {
       const section = document.createElement("section");
       section.innerHTML = `<h2>${text(name)}, whole run <span class="muted">(per completion)</span></h2><div class="series-chart"></div>`;
       box.appendChild(section);
-      const el = section.querySelector(".series-chart");
+      el = section.querySelector(".series-chart");
       el.dataset.name = name;
-      c = chart(el, `series|${name}`, trainDev.map((t) => ({ ...t, width: 1, points: { show: false }, spanGaps: true })),
-        { xName: "completion" });
-      c.el = el;
-      state.seriesCharts.set(name, c);
+      seriesEls.set(name, el);
     }
-    // One x axis for both sets: the completion numbers of either, the other set null there.
-    const pointsOf = (set) => {
-      const k = series.get(`${set}|${name}`);
+    const c = chart(el, `series|${name}|${runsKey(runs)}`,
+      lines(runs, { width: 1, points: { show: false }, spanGaps: true }), { xName: "completion" },
+      state.seriesCharts.get(name));
+    state.seriesCharts.set(name, c);
+    // One x axis for all: the completion numbers of any run and set, the others null there.
+    const pointsOf = (r, set) => {
+      const k = r.series.get(`${set}|${name}`);
       return !k ? [] : k.latest ? [...k.points, k.latest] : k.points;
     };
-    const train = pointsOf("train");
-    const dev = pointsOf("dev");
-    const xs = [...new Set([...train, ...dev].map((p) => p[0]))].sort((a, b) => a - b);
+    const columns = runs.flatMap((r) => ["train", "dev"].map((set) => pointsOf(r, set)));
+    const xs = [...new Set(columns.flatMap((points) => points.map((p) => p[0])))].sort((a, b) => a - b);
     const at = (points) => { const m = new Map(points.map((p) => [p[0], p[2]])); return xs.map((x) => (m.has(x) ? m.get(x) : null)); };
-    c.setData([xs, at(train), at(dev)]);
-    c.el.dataset.points = String(train.length + dev.length);
+    c.setData([xs, ...columns.map(at)]);
+    el.dataset.points = String(columns[0].length + columns[1].length);  // (the chosen run's)
   }
 }
 
@@ -359,7 +394,7 @@ function drawEvents(events) {
     `<td>${text(e.text)}</td></tr>`).join("");
 }
 
-function draw(status, history) {
+function draw(status, runs) {
   $("title").innerHTML = `run <b>${text(status.run)}</b> — <span class="state">${text(status.state)}</span>` +
     (status.reason ? ` <span class="muted">(${text(status.reason)})</span>` : "") +
     // How it hands out work: jobs, steps, or auto until its first acquire chooses.
@@ -384,8 +419,9 @@ function draw(status, history) {
   drawCuts(status);
   drawSteps(status);
   drawEvents(status.events);
-  drawEpochs(history, status);
-  drawJobs(history, c);
+  drawEpochs(runs, status);
+  drawJobs(runs[0].history, c);
+  drawSeries(runs);
 }
 
 // The run's history as this page keeps it between polls, so that a poll fetches only what
@@ -394,24 +430,27 @@ function draw(status, history) {
 // may reopen them) gives the run a new generation, and the page then fetches it all again.
 const HISTORY_PAGE = 5000;   // epochs per request
 const JOBS_KEPT = 4096;      // completions kept, as the coordinator keeps them
-const kept = { run: null, generation: null, epochs: [], jobs: [], jobsSeen: 0 };
+// A compared run's history is asked without completions (jobs_after past any): its epochs only.
+const NO_JOBS = Number.MAX_SAFE_INTEGER;
+const historyStore = (run) => ({ run, generation: null, epochs: [], jobs: [], jobsSeen: 0 });
+let kept = historyStore(null);
 
-function forget(run, generation) {
-  Object.assign(kept, { run, generation, epochs: [], jobs: [], jobsSeen: 0 });
+function forget(kept, generation) {
+  Object.assign(kept, { generation, epochs: [], jobs: [], jobsSeen: 0 });
 }
 
 // Brings `kept` up to date: the epochs from the oldest one not closed when last seen, and the
-// completions after the newest seen; a page at a time (bounded) until the history's end.
-async function fetchHistory(run) {
-  if (kept.run !== run) forget(run, null);
-  const name = encodeURIComponent(run);
+// completions after the newest seen (none with `withJobs` false); a page at a time (bounded)
+// until the history's end.
+async function fetchHistory(kept, withJobs = true) {
+  const name = encodeURIComponent(kept.run);
   for (let page = 0; page < 100; page++) {
     let from = kept.epochs.findIndex((e) => !e.closed);
     if (from < 0) from = kept.epochs.length;
-    const h = await json(`/v1/runs/${name}/history?from=${from}&limit=${HISTORY_PAGE}&jobs_after=${kept.jobsSeen}`);
+    const h = await json(`/v1/runs/${name}/history?from=${from}&limit=${HISTORY_PAGE}&jobs_after=${withJobs ? kept.jobsSeen : NO_JOBS}`);
     if (h.generation !== kept.generation || h.epochs_total < kept.epochs.length || h.jobs_total < kept.jobsSeen) {
       const first = kept.generation === null && kept.epochs.length === 0 && kept.jobsSeen === 0;
-      forget(run, h.generation);
+      forget(kept, h.generation);
       if (!first) continue;  // (fetch it all again)
     }
     kept.epochs.length = Math.min(kept.epochs.length, h.epochs_from);
@@ -457,24 +496,81 @@ function drawRunLeaders(c) {
       `<td>record ${r.head_seq} (etcd revision ${r.head_revision})</td><td>${r.replay_records} records</td></tr>`).join("");
 }
 
+// The page's address: the chosen run and the compared ones (`?run=A&compare=B,C`).
+function address(run, compare) {
+  const others = compare.filter((r) => r !== run);
+  return `?run=${encodeURIComponent(run)}` + (others.length ? `&compare=${others.map(encodeURIComponent).join(",")}` : "");
+}
+
 // A run in the header: one led elsewhere (HA) links to its leader's dashboard.
 function runLink(r) {
-  if (r.led_here !== false) return `<a href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`;
+  if (r.led_here !== false) return `<a href="${address(r.run, state.compare)}">${text(r.run)}</a>`;
   if (!r.leader) return `<a class="muted" title="no leader known now" href="?run=${encodeURIComponent(r.run)}">${text(r.run)}</a>`;
   return `<a title="led by ${text(r.leader)}" href="${text(r.leader)}/?run=${encodeURIComponent(r.run)}">${text(r.run)} ↗</a>`;
 }
 
-async function tick() {
-  let coordinator = null;
-  try {
-    coordinator = await json("/v1/coordinator");
-  } catch (e) { /* (an older coordinator has no such endpoint) */ }
+// Comparing runs (docs/OBSERVABILITY.md "Comparing runs"): each compared run's history (its
+// epochs only) and series, kept between polls as the chosen run's are, so that its poll asks
+// only for what changed. A run that cannot be fetched (gone, an error) is drawn no more and
+// marked in the list; it is fetched whole again once it answers.
+const compared = new Map();  // run → {history, series, error, ok}
+
+async function fetchCompared() {
+  const list = compareList();
+  for (const run of [...compared.keys()]) if (!list.includes(run)) compared.delete(run);
+  await Promise.all(list.map(async (run) => {
+    let c = compared.get(run);
+    if (!c) compared.set(run, c = { run, history: historyStore(run), series: seriesStore(run), error: null, ok: false });
+    try {
+      await Promise.all([fetchHistory(c.history, false), fetchSeries(c.series)]);
+      Object.assign(c, { error: null, ok: true });
+    } catch (e) {
+      Object.assign(c, { error: e.message, ok: false, history: historyStore(run), series: seriesStore(run) });
+    }
+  }));
+  return compareList().map((run) => compared.get(run)).filter((c) => c && c.ok)
+    .map((c) => ({ run: c.run, history: c.history, series: c.series.series }));
+}
+
+// Beside the runs, a checkbox for each other run of this coordinator: checked, it is drawn on
+// the charts beside the chosen run. A compared run not listed any more, or that fails, says so.
+let compareHtml = null;
+function drawCompare(runs) {
+  const here = runs.filter((r) => r.led_here !== false).map((r) => r.run);
+  const options = [...here, ...state.compare.filter((r) => !here.includes(r))].filter((r) => r !== state.run);
+  const html = !options.length ? "" : `<span class="muted">compare:</span>` + options.map((run) => {
+    const c = compared.get(run);
+    const on = compareList().includes(run);
+    const note = !here.includes(run) ? " (gone)" : c && c.error ? " (unavailable)" : "";
+    return `<label data-run="${text(run)}"${c && c.error ? ` title="${text(c.error)}"` : ""}>` +
+      `<input type="checkbox" value="${text(run)}"${on ? " checked" : ""}>` +
+      (on ? `<i style="background:${colourOf(run)}"></i>` : "") + `${text(run)}${note}</label>`;
+  }).join("");
+  if (html !== compareHtml) { $("compare").innerHTML = html; compareHtml = html; }
+}
+
+$("compare").addEventListener("change", (ev) => {
+  const run = ev.target.value;
+  state.compare = state.compare.filter((r) => r !== run);
+  if (ev.target.checked) state.compare.push(run);
+  if (state.run) window.history.replaceState(null, "", location.pathname + address(state.run, state.compare));
+  tick();  // (at once)
+});
+
+// A poll's requests go out together: the coordinator's and the runs' first, then the chosen
+// run's status, history and series and each compared run's.
+async function poll() {
+  // (An older coordinator has no /v1/coordinator.)
+  const coordinatorReply = json("/v1/coordinator").catch(() => null);
+  const runsReply = json("/v1/runs");
+  runsReply.catch(() => {});  // (its error is shown below)
+  const coordinator = await coordinatorReply;
   drawCoordinator(coordinator);
   drawRunLeaders(coordinator);
   try {
-    const runs = (await json("/v1/runs")).runs;
-    $("runs").innerHTML = runs.map(runLink).join("");
+    const runs = (await runsReply).runs;
     if (!state.run && runs.length) state.run = (runs.find((r) => r.led_here !== false) || runs[0]).run;
+    $("runs").innerHTML = runs.map(runLink).join("");
     const chosen = runs.find((r) => r.run === state.run);
     if (chosen && chosen.led_here === false) {
       // Another coordinator serves it (HA): say which, show nothing stale of it.
@@ -483,23 +579,47 @@ async function tick() {
         ? `its leader <a href="${text(chosen.leader)}/?run=${encodeURIComponent(chosen.run)}">${text(chosen.leader)}</a>`
         : "its leader, once one is elected");
     } else if (state.run) {
-      // The status without its list of epochs (the history has them), then what changed.
-      const status = await json(`/v1/runs/${encodeURIComponent(state.run)}?epochs=0`);
-      const history = await fetchHistory(state.run);
-      draw(status, history);
-      drawSeries(await fetchSeries(state.run));
-      state.last = { status, history };
+      // At once: the status without its list of epochs (the history has them), what changed of
+      // the history and series, and what changed of each compared run's.
+      const others = fetchCompared();
+      const run = state.run;
+      if (kept.run !== run) kept = historyStore(run);
+      if (keptSeries.run !== run) keptSeries = seriesStore(run);
+      // (Each settled before the next poll, so that no fetch outlives its poll.)
+      const [replies, more] = await Promise.all([Promise.allSettled([
+        json(`/v1/runs/${encodeURIComponent(run)}?epochs=0`), fetchHistory(kept), fetchSeries(keptSeries)]), others]);
+      const failed = replies.find((r) => r.status === "rejected");
+      if (failed) throw failed.reason;
+      const [status, history, series] = replies.map((r) => r.value);
+      const drawn = [{ run, history, series }, ...more];
+      draw(status, drawn);
+      state.last = { status, runs: drawn };
     }
+    drawCompare(runs);
   } catch (e) {
     $("progress-label").textContent = `cannot reach the coordinator: ${e.message}`;
   }
-  setTimeout(tick, 1000);
+}
+
+// A poll a second; tick() polls at once (after the poll under way, if one is).
+let polling = false, pollAgain = false, pollTimer = null;
+async function tick() {
+  clearTimeout(pollTimer);
+  if (polling) { pollAgain = true; return; }
+  polling = true;
+  try {
+    await poll();
+  } finally {
+    polling = false;
+    pollTimer = setTimeout(tick, pollAgain ? 0 : 1000);
+    pollAgain = false;
+  }
 }
 
 $("loss-log").checked = state.logScale;
 $("loss-log").addEventListener("change", (ev) => {
   state.logScale = ev.target.checked;
   localStorage.setItem("traincoord-loss-log", state.logScale ? "1" : "0");
-  if (state.last) drawEpochs(state.last.history, state.last.status);
+  if (state.last) drawEpochs(state.last.runs, state.last.status);
 });
 tick();

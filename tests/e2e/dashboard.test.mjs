@@ -11,6 +11,8 @@
 // completions, the series' newer points), a few kB however long the run. A step-mode run (cost-balanced, its mode left to
 // the default): the steps panel shows the server's steps done of planned per set, the fitted
 // cost model, each rank's batches and fitted speed, and the title says the run hands out steps.
+// Comparing runs (/?run=A&compare=B): the compared runs on every chart point for point as the
+// server holds them, polled for what changed only, picked and dropped with the checkboxes.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -444,6 +446,193 @@ test("a step-mode run: the steps panel shows the server's steps, cost model and 
     // Rank 1 took twice as long per padded unit: the fitted speeds say so.
     assert.ok(status.cost_model.fitted && Math.abs(status.cost_model.speeds[1] / status.cost_model.speeds[0] - 2) < 0.05,
       JSON.stringify(status.cost_model));
+  } finally {
+    if (browser) await browser.close();
+    if (serverProc) serverProc.kill("SIGKILL");
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// Comparing runs: three runs on one coordinator trained through the API, of different lengths
+// and losses; B reports a metric ("bleu") that A does not. The page opened on
+// /?run=A&compare=B,nosuch draws B beside A on every chart (loss per epoch, each metric per
+// epoch, each series over the whole run), point for point as the server's replies hold them,
+// and says that "nosuch" cannot be fetched; while B trains on, each poll asks only for B's newer
+// points and open epochs; and the checkboxes beside the runs pick and drop runs, in the URL too.
+const COMPARE_RUN = (name) => ({ name, data: { train_batches: 2, dev_batches: 1 }, schedule: { epochs: 100 } });
+
+test("comparing runs: compared runs drawn on every chart, polled for what changed, picked in the list", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "traincoord-dash-"));
+  let serverProc;
+  let browser;
+  try {
+    const config = join(dir, "a.toml");
+    writeFileSync(config, 'name = "A"\n[data]\ntrain_batches = 2\ndev_batches = 1\n[schedule]\nepochs = 100\n');
+    const server = await startServer(config);
+    serverProc = server.proc;
+    const api = async (path, body) => {
+      const r = await fetch(server.url + path, body === undefined ? {} :
+        { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } });
+      assert.ok(r.ok, `${path}: HTTP ${r.status}`);
+      return r.json();
+    };
+    for (const name of ["B", "C"]) await api("/v1/runs", COMPARE_RUN(name));
+    // One worker a run, one job at a time: completion n of run A has loss 1 / n, of B 2 / n + 0.5
+    // and a bleu of n / 100, of C 3 / n; each reports its accuracy.
+    const workers = {};
+    const train = async (run, count) => {
+      if (!workers[run]) {
+        const worker = (await api(`/v1/runs/${run}/workers`, { name: "w" })).worker;
+        workers[run] = { worker, n: 0, lease: (await api(`/v1/runs/${run}/acquire`, { worker })).job.lease };
+      }
+      const w = workers[run];
+      for (let i = 0; i < count; i++) {
+        const n = ++w.n;
+        const loss = run === "A" ? 1 / n : run === "B" ? 2 / n + 0.5 : 3 / n;
+        const metrics = { accuracy: 1 - loss / 4, ...(run === "B" ? { bleu: n / 100 } : {}) };
+        const r = await api(`/v1/runs/${run}/complete`, { worker: w.worker, lease: w.lease, loss, metrics, next: true });
+        assert.equal(r.outcome, "accepted");
+        assert.equal(r.next.status, "job");
+        w.lease = r.next.job.lease;
+      }
+    };
+    await train("A", 18);  // 6 epochs of 2 train jobs and 1 dev job
+    await train("B", 12);  // 4
+    await train("C", 6);   // 2
+
+    browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+      args: ["--no-sandbox", "--disable-gpu"] });
+    const page = await browser.newPage({ viewport: { width: 1200, height: 900 } });
+    const replies = [];  // every reply from a run's endpoints, with its size
+    page.on("response", async (r) => {
+      if (!r.url().includes("/v1/runs/")) return;
+      const body = await r.body().catch(() => null);
+      replies.push({ url: new URL(r.url()), bytes: body ? body.length : -1 });
+    });
+
+    // What the charts should hold for `runs` (the chosen one first), from the server's replies:
+    // the list of mismatches, empty when every chart holds them point for point.
+    const mismatches = async (runs) => {
+      const series = {}, history = {};
+      for (const run of runs) {
+        series[run] = (await api(`/v1/runs/${run}/series`)).series;
+        history[run] = await api(`/v1/runs/${run}/history?jobs_after=1000000`);
+      }
+      const drawn = await page.evaluate(() => !state.epochChart ? null : ({
+        series: Object.fromEntries([...state.seriesCharts].map(([n, c]) =>
+          [n, { data: c.data, labels: c.series.slice(1).map((s) => s.label) }])),
+        epochs: { data: state.epochChart.data, labels: state.epochChart.series.slice(1).map((s) => s.label) },
+        metrics: Object.fromEntries([...state.metricCharts].map(([n, c]) => [n, { data: c.data }])),
+      }));
+      if (!drawn) return ["nothing drawn yet"];
+      const out = [];
+      const labels = runs.length > 1 ? runs.flatMap((r) => [`${r} train`, `${r} dev`]) : ["train", "dev"];
+      // A chart's column for run i and `set` against the expected [x, value] pairs.
+      const check = (what, chart, i, set, expected) => {
+        const [xs, ...columns] = chart.data;
+        const column = columns[2 * i + (set === "train" ? 0 : 1)] || [];
+        const got = xs.map((x, k) => [x, column[k]]).filter(([, v]) => v !== null && v !== undefined);
+        if (JSON.stringify(got) !== JSON.stringify(expected)) {
+          out.push(`${what} ${runs[i]} ${set}: ${JSON.stringify(got).slice(0, 200)} vs ${JSON.stringify(expected).slice(0, 200)}`);
+        }
+      };
+      const names = [...new Set(runs.flatMap((r) => series[r].map((s) => s.name)))];
+      for (const name of names) {
+        const chart = drawn.series[name];
+        if (!chart) { out.push(`no ${name} series chart`); continue; }
+        if (JSON.stringify(chart.labels) !== JSON.stringify(labels)) out.push(`${name} labels ${chart.labels}`);
+        runs.forEach((run, i) => {
+          for (const set of ["train", "dev"]) {
+            const s = series[run].find((x) => x.set === set && x.name === name);
+            const points = !s ? [] : s.latest ? [...s.points, s.latest] : s.points;
+            check(`series ${name}`, chart, i, set, points.map((p) => [p[0], p[2]]));
+          }
+        });
+      }
+      if (Object.keys(drawn.series).length !== names.length) out.push(`series charts ${Object.keys(drawn.series)}`);
+      if (JSON.stringify(drawn.epochs.labels) !== JSON.stringify(labels)) out.push(`epoch labels ${drawn.epochs.labels}`);
+      const metricNames = [...new Set(runs.flatMap((r) => history[r].epochs.flatMap((e) => Object.keys(e.metrics))))];
+      for (const name of metricNames) if (!drawn.metrics[name]) out.push(`no ${name} metric chart`);
+      runs.forEach((run, i) => {
+        for (const set of ["train", "dev"]) {
+          const closed = history[run].epochs.filter((e) => e.set === set && e.closed);
+          check("epoch loss", drawn.epochs, i, set, closed.map((e) => [e.epoch, e.loss]));
+          for (const name of metricNames) {
+            if (drawn.metrics[name]) {
+              check(`epoch ${name}`, drawn.metrics[name], i, set,
+                closed.filter((e) => name in e.metrics).map((e) => [e.epoch, e.metrics[name]]));
+            }
+          }
+        }
+      });
+      return out;
+    };
+    const matches = async (runs) => {
+      let last = [];
+      try {
+        await until(`the charts of ${runs}`, async () => (last = await mismatches(runs)).length === 0, 15000);
+      } catch (e) {
+        assert.fail(`${e.message}: ${last.join("; ")}`);
+      }
+    };
+
+    await page.goto(server.url + "/?run=A&compare=B,nosuch");
+    await matches(["A", "B"]);
+    // Both runs' bleu: A has none, B its own; a run that cannot be fetched is said to be gone.
+    assert.ok(await page.evaluate(() => state.seriesCharts.has("bleu") && state.metricCharts.has("bleu")));
+    assert.match(await page.textContent('#compare label[data-run="nosuch"]'), /^nosuch \(gone\)$/);
+    assert.equal(await page.isChecked('#compare input[value="B"]'), true);
+    assert.equal(await page.isChecked('#compare input[value="C"]'), false);
+
+    // B trains on while the page polls: each of its polls asks only for what changed.
+    const mark = replies.length;
+    for (let i = 0; i < 6; i++) {
+      await train("B", 1);
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    await matches(["A", "B"]);
+    const polled = replies.length;
+    await until("two more polls", async () => replies.length >= polled + 8);
+    const later = replies.slice(mark);
+    const seriesPolls = later.filter((r) => r.url.pathname === "/v1/runs/B/series");
+    const historyPolls = later.filter((r) => r.url.pathname === "/v1/runs/B/history");
+    assert.ok(seriesPolls.length >= 3 && historyPolls.length >= 3, `B's polls: ${later.map((r) => r.url.pathname + r.url.search)}`);
+    for (const r of seriesPolls) {
+      assert.ok(Number(r.url.searchParams.get("after")) >= 12, `only B's newer points: ${r.url}`);
+      assert.ok(r.bytes > 0 && r.bytes < 2048, `a series poll of ${r.bytes} bytes: ${r.url}`);
+    }
+    for (const r of historyPolls) {
+      assert.ok(Number(r.url.searchParams.get("from")) >= 8, `B's epochs from the open one: ${r.url}`);
+      assert.ok(Number(r.url.searchParams.get("jobs_after")) > 1e15, `no completions of B: ${r.url}`);
+      assert.ok(r.bytes > 0 && r.bytes < 2048, `a history poll of ${r.bytes} bytes: ${r.url}`);
+    }
+    // (C is not compared: never asked.)
+    assert.ok(!replies.some((r) => r.url.pathname.startsWith("/v1/runs/C")));
+    console.log(`comparing: a compared run's poll at most ${Math.max(...[...seriesPolls, ...historyPolls].map((r) => r.bytes))} bytes a request`);
+
+    // The checkboxes: drop "nosuch", pick C, drop B, drop C; the URL and the charts follow.
+    const search = () => page.evaluate(() => location.search);
+    await page.uncheck('#compare input[value="nosuch"]');
+    assert.equal(await search(), "?run=A&compare=B");
+    await page.check('#compare input[value="C"]');
+    assert.equal(await search(), "?run=A&compare=B,C");
+    await matches(["A", "B", "C"]);
+    await page.uncheck('#compare input[value="B"]');
+    assert.equal(await search(), "?run=A&compare=C");
+    await matches(["A", "C"]);
+    assert.equal(await page.evaluate(() => state.seriesCharts.has("bleu")), false, "bleu is B's alone");
+    await page.uncheck('#compare input[value="C"]');
+    assert.equal(await search(), "?run=A");
+    await matches(["A"]);
+    // The runs' links keep what is compared; a reload keeps it too.
+    await page.check('#compare input[value="B"]');
+    await until("the runs' links to keep B", async () =>
+      (await page.getAttribute('#runs a[href^="?run=C"]', "href")) === "?run=C&compare=B");
+    await page.reload();
+    await matches(["A", "B"]);
+    const artifacts = process.env.ARTIFACT_DIR || dir;
+    mkdirSync(artifacts, { recursive: true });
+    await page.screenshot({ path: join(artifacts, "dashboard-compare.png"), fullPage: true });
   } finally {
     if (browser) await browser.close();
     if (serverProc) serverProc.kill("SIGKILL");
