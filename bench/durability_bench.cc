@@ -53,10 +53,13 @@ double cycles_per_second(const std::string& url, int workers, double seconds) {
       o.heartbeats = false;
       auto worker = client::Worker::connect(o);
       if (!worker) return;
+      client::Completion done;
+      done.loss = 0.5;
+      done.samples = 32;
       auto job = (*worker)->next();
       uint64_t mine = 0;
       while (job && *job && !stop) {
-        job = (*worker)->complete_and_next(**job, {0.5, 32, {}});
+        job = (*worker)->complete_and_next(**job, done);
         ++mine;
       }
       cycles += mine;

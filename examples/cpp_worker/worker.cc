@@ -92,7 +92,11 @@ int main(int argc, char** argv) {
         1.0 / (1.0 + static_cast<double>(j.epoch)) + 0.001 * static_cast<double>(j.index % 7);
     // A step-mode job's batch is its samples; a job-mode job's, batches of 32 samples.
     const uint64_t samples = j.step_mode() ? j.samples.size() : j.batches.size() * 32;
-    return traincoord::client::Completion{loss, samples, {{"accuracy", 1.0 - loss / 2}}};
+    traincoord::client::Completion done;
+    done.loss = loss;
+    done.samples = samples;
+    done.metrics = {{"accuracy", 1.0 - loss / 2}};
+    return done;
   };
   auto print_accepted = [](const traincoord::client::Job& j) {
     if (j.step_mode()) {

@@ -460,8 +460,9 @@ ClientError error(int status, const std::string& body, std::string_view what,
   parse(d, body);
   const Value* err = nullptr;
   if (!d.HasParseError() && d.IsObject()) {
-    const auto it = d.FindMember("error");
-    if (it != d.MemberEnd() && it->value.IsObject()) err = &it->value;
+    // (HasMember, not FindMember != MemberEnd: rapidjson 1.1's iterator comparisons are
+    // ambiguous in C++20, clang says)
+    if (d.HasMember("error") && d["error"].IsObject()) err = &d["error"];
   }
   auto text = [&](const char* key, std::string* out) {
     if (err == nullptr) return;
@@ -490,9 +491,8 @@ std::optional<NotLeader> not_leader(int status, const std::string& body) {
   rapidjson::Document d;
   parse(d, body);
   if (d.HasParseError() || !d.IsObject()) return std::nullopt;
-  const auto err = d.FindMember("error");
-  if (err == d.MemberEnd() || !err->value.IsObject()) return std::nullopt;
-  const Value& e = err->value;
+  if (!d.HasMember("error") || !d["error"].IsObject()) return std::nullopt;
+  const Value& e = d["error"];
   const auto code = e.FindMember("code");
   if (code == e.MemberEnd() || !code->value.IsString() ||
       std::string_view(code->value.GetString(), code->value.GetStringLength()) !=

@@ -424,10 +424,13 @@ TEST(ClientReplies, TheClientActsOnErrorCodesNotOnMessages) {
   ASSERT_TRUE(got) << got.error().message;
   ASSERT_TRUE(*got);
   EXPECT_EQ((*worker)->id(), 5u);
-  auto done = (*worker)->complete(**got, {0.5, 2, {}});
+  Completion half;
+  half.loss = 0.5;
+  half.samples = 2;
+  auto done = (*worker)->complete(**got, half);
   ASSERT_TRUE(done) << done.error().message;
   EXPECT_EQ(done->outcome, "lost");
-  auto gone = (*worker)->complete(**got, {0.5, 2, {}});
+  auto gone = (*worker)->complete(**got, half);
   ASSERT_FALSE(gone);  // the text says "has not registered", but the code is run_not_found
   EXPECT_EQ(gone.error().code, "run_not_found");
   const auto requests = fake.requests();

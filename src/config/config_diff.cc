@@ -26,7 +26,9 @@ bool same(const T& a, const T& b) {
 // itself an aggregate counts once.)
 struct AnyField {
   template <typename T>
-  operator T() const;  // NOLINT(google-explicit-constructor): only in unevaluated contexts
+  operator T() const {  // NOLINT(google-explicit-constructor): only in unevaluated contexts
+    return T{};         // (never instantiated: defined only so that clang has a definition)
+  }
 };
 template <typename T, typename... Fields>
 constexpr size_t member_count() {
