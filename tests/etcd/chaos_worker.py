@@ -1,15 +1,15 @@
 """A Python worker of the chaos test (tests/etcd/ha_chaos_test.cc): the real client
 (python/traincoord), given every coordinator's url in TRAINCOORD_URL, the run in TRAINCOORD_RUN
-and its name in TRAINCOORD_WORKER, working flat out (JOB_MS milliseconds a job, default 0). MODE "loop": `for job in run.jobs()`,
-each completion sent with the request for the next job; "each": `run.next_job()` and
-`job.complete()` sent at once.
+and its name in TRAINCOORD_WORKER, working flat out (JOB_MS milliseconds a job, default 0).
+MODE "loop": `for job in run.jobs()`, each completion sent with the request for the next job;
+"each": `run.next_job()`, and `job.complete()` sent at once.
 
-Each job's completion is printed with what the coordinator answered it, once that answer came
-(a completion travels with the request for the next job):
+Each job's completion is printed with what the coordinator answered it, once that answer came:
     OUTCOME SET EPOCH INDEX      (OUTCOME: accepted, duplicate, lost, ...)
-then "finished STATE". ("loop" prints a completion's line when the loop hands out the next job,
-which may wait at an epoch's barrier: a line may come late; "each" prints it once answered.) The loss is the C++ example worker's (examples/cpp_worker), a function of
-the job alone, so that early stopping decides the same in every run of the same config.
+then "finished STATE". ("loop" prints a completion's line when the loop hands out the next
+job, which may wait at an epoch's barrier: a line may come late; "each" prints it once
+answered.) The loss is the C++ example worker's (examples/cpp_worker), a function of the job
+alone, so that early stopping decides the same in every run of the same config.
 
     TRAINCOORD_URL=http://a:1,http://b:2 TRAINCOORD_RUN=chaos TRAINCOORD_WORKER=py0 \\
         PYTHONPATH=python /usr/bin/python3 tests/etcd/chaos_worker.py [MODE [JOB_MS]]"""
