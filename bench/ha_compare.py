@@ -120,6 +120,16 @@ def start_etcd(procs, work):
     endpoints = ",".join(f"127.0.0.1:{client}" for _, client, _ in members)
     wait_until("etcd's first leader", lambda: http(
         "GET", f"http://127.0.0.1:{members[0][1]}/health")[0] == 200)
+    # Which member leads Raft: a build whose etcd client keeps to the first member of the list
+    # (before writes went to the leader) sends every write through m0.
+    ids, leader = {}, None
+    for name, client, _ in members:
+        status, st = http("POST", f"http://127.0.0.1:{client}/v3/maintenance/status", {})
+        if status == 200 and st:
+            ids[st["header"]["member_id"]] = name
+            leader = st.get("leader")
+    print(f"etcd's Raft leader: {ids.get(leader, '?')} (the first member of the list: m0)",
+          file=sys.stderr, flush=True)
     return endpoints
 
 
