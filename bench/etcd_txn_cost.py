@@ -5,6 +5,7 @@ for each shape, clients writing transactions back to back for a few seconds each
   - by size: one put of N bytes per transaction (the journal puts a wave's records in one key);
   - by concurrency: C clients at once, each txn with 64/C puts of 400 bytes (would pipelining,
     several transactions in flight, raise etcd's throughput?).
+  - by member: to the Raft leader, or to a follower (which forwards it).
 Prints transactions/s, ms per transaction and bytes or records per second. Every member is
 killed by its PID at the end, also on failure.
 
@@ -65,6 +66,8 @@ def measure(port, clients, ops_of, seconds):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=4)
+    p.add_argument("--where-only", action="store_true",
+                   help="only the leader against a follower")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="traincoord-etcd-txn-")
     members = [(f"m{i}", free_port(), free_port()) for i in range(3)]
@@ -92,7 +95,33 @@ def main():
             if time.monotonic() > deadline:
                 raise RuntimeError("etcd did not become healthy in 30 s")
             time.sleep(0.1)
-        for size in (100, 3200, 25600, 102400):
+        # Which member leads Raft: a write sent to a follower is forwarded to the leader, and
+        # answered once the follower has applied it too (a longer way round).
+        ids, leader = {}, None
+        for name, client, _ in members:
+            st = json.loads(urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{client}/v3/maintenance/status", data=b"{}"), timeout=5).read())
+            ids[st["header"]["member_id"]] = client
+            leader = st["leader"]
+        lead_port = ids[leader]
+        follower_port = next(c for _, c, _ in members if c != lead_port)
+        for rounds in range(2):
+            for where, at in (("the leader", lead_port), ("a follower", follower_port)):
+                rate, ms = measure(at, 1, lambda c, k: [
+                    {"requestPut": {"key": b64(f"/where/{k}"), "value": b64("r" * 3200)}}],
+                    a.seconds)
+                print(f"1 client, one put of 3200 bytes per txn, to {where}: {rate:6.0f} txn/s, "
+                      f"{ms:5.1f} ms per txn", flush=True)
+        for clients in (1, 2, 4):
+            rate, ms = measure(lead_port, clients, lambda c, k: [
+                {"requestPut": {"key": b64(f"/pipe/{c}/{k}"), "value": b64("r" * 3200)}}],
+                a.seconds)
+            print(f"{clients} clients at once, one put of 3200 bytes per txn, to the leader: "
+                  f"{rate:6.0f} txn/s, {ms:5.1f} ms per txn", flush=True)
+        if a.where_only:
+            return
+        port = lead_port
+        for size in (100, 1600, 3200, 6400, 25600):
             rate, ms = measure(port, 1, lambda c, k, size=size: [
                 {"requestPut": {"key": b64(f"/size/{k}"), "value": b64("r" * size)}}], a.seconds)
             print(f"1 client, one put of {size:6} bytes per txn: {rate:6.0f} txn/s, {ms:5.1f} ms "

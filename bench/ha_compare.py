@@ -120,6 +120,16 @@ def start_etcd(procs, work):
     endpoints = ",".join(f"127.0.0.1:{client}" for _, client, _ in members)
     wait_until("etcd's first leader", lambda: http(
         "GET", f"http://127.0.0.1:{members[0][1]}/health")[0] == 200)
+    # Which member leads Raft: a build whose etcd client keeps to the first member of the list
+    # (before writes went to the leader) sends every write through m0.
+    ids, leader = {}, None
+    for name, client, _ in members:
+        status, st = http("POST", f"http://127.0.0.1:{client}/v3/maintenance/status", {})
+        if status == 200 and st:
+            ids[st["header"]["member_id"]] = name
+            leader = st.get("leader")
+    print(f"etcd's Raft leader: {ids.get(leader, '?')} (the first member of the list: m0)",
+          file=sys.stderr, flush=True)
     return endpoints
 
 
@@ -167,12 +177,25 @@ def commits(url):
             for part in ("_sum", "_count"):
                 if line.startswith(series + part + " "):
                     values[series + part] = float(line.split()[-1])
+        for series in ("traincoord_etcd_writes_total", "traincoord_etcd_record_bytes_total",
+                       "traincoord_etcd_snapshot_bytes_total", "traincoord_etcd_snapshots_total"):
+            if line.startswith(series + " "):
+                values[series] = float(line.split()[-1])
     batch = "traincoord_store_commit_batch_requests"
     duration = "traincoord_store_commit_duration_seconds"
     if not values.get(batch + "_count") or not values.get(duration + "_count"):
         return {}
-    return {"requests_per_write": values[batch + "_sum"] / values[batch + "_count"],
-            "write_ms": 1000 * values[duration + "_sum"] / values[duration + "_count"]}
+    out = {"requests_per_write": values[batch + "_sum"] / values[batch + "_count"],
+           "write_ms": 1000 * values[duration + "_sum"] / values[duration + "_count"]}
+    # (builds since the snapshots went deflated say how many bytes they put in etcd)
+    if values.get("traincoord_etcd_writes_total") and "traincoord_etcd_snapshots_total" in values:
+        writes = values["traincoord_etcd_writes_total"]
+        out["etcd_bytes_per_write"] = (values["traincoord_etcd_record_bytes_total"] +
+                                       values["traincoord_etcd_snapshot_bytes_total"]) / writes
+        out["snapshots"] = values["traincoord_etcd_snapshots_total"]
+        out["snapshot_kb"] = (values["traincoord_etcd_snapshot_bytes_total"] / 1024 /
+                              max(1, values["traincoord_etcd_snapshots_total"]))
+    return out
 
 
 def leader_of(urls):
@@ -245,10 +268,13 @@ def main():
         sys.exit("ha_compare: etcd is missing; run scripts/install-deps")
     procs = Processes()
     work = tempfile.mkdtemp(prefix="traincoord-ha-compare-")
+    load_before = os.getloadavg()
+    per_round = []  # each round's cycles/s by journal
     try:
         rows = {}
         etcd = None
         for r in range(a.rounds):
+            per_round.append({})
             turns = [("sqlite", TRAINCOORD)]
             if a.baseline:
                 turns.append(("etcd (baseline)", a.baseline))
@@ -265,8 +291,14 @@ def main():
                 figures = load(procs, url, server, a.workers, a.seconds)
                 figures.update(commits(url))
                 procs.stop(server)
-                print(f"round {r + 1}: {name}: {figures['cycles_per_s']:.0f} cycles/s",
-                      file=sys.stderr, flush=True)
+                per_round[-1][name] = figures["cycles_per_s"]
+                print(f"round {r + 1}: {name}: {figures['cycles_per_s']:.0f} cycles/s"
+                      + (f", {figures['requests_per_write']:.1f} requests per write of "
+                         f"{figures['write_ms']:.2f} ms" if "write_ms" in figures else "")
+                      + (f", {figures['etcd_bytes_per_write']:.0f} bytes put in etcd per write "
+                         f"({figures['snapshots']:.0f} snapshots of {figures['snapshot_kb']:.0f} "
+                         "KiB)" if "etcd_bytes_per_write" in figures else "")
+                      + f" (load average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
                 if name not in rows or figures["cycles_per_s"] > rows[name]["cycles_per_s"]:
                     rows[name] = figures
         times = failovers(procs, work, etcd, a.failovers, a.lease_ttl) if a.failovers else []
@@ -288,7 +320,14 @@ def main():
         base = rows["etcd (baseline)"]["cycles_per_s"] / rows["sqlite"]["cycles_per_s"]
         print(f"etcd (baseline) / SQLite throughput: {base:.2f}x")
     ratio = rows["etcd"]["cycles_per_s"] / rows["sqlite"]["cycles_per_s"]
-    print(f"etcd / SQLite throughput: {ratio:.2f}x (target >= 0.5x)")
+    print(f"etcd / SQLite throughput: {ratio:.2f}x (target >= 0.5x), best of each")
+    for r, row in enumerate(per_round):
+        print(f"round {r + 1}: etcd / SQLite {row['etcd'] / row['sqlite']:.2f}x"
+              + (f", baseline / SQLite {row['etcd (baseline)'] / row['sqlite']:.2f}x, "
+                 f"etcd / baseline {row['etcd'] / row['etcd (baseline)']:.2f}x"
+                 if 'etcd (baseline)' in row else ""))
+    print(f"load average (1 min): {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} "
+          "at the end")
     if not times:
         return
     print(f"failover (SIGKILL -> first job from the new leader, --lease-ttl {a.lease_ttl:g}), "

@@ -77,6 +77,17 @@ int64_t int_field(const rapidjson::Value& o, const char* name) {
   return it == o.MemberEnd() ? 0 : to_int(it->value);
 }
 
+// A uint64 of etcd's (a member ID, a term) as its decimal digits: the gateway sends them as
+// strings ("" when absent).
+std::string id_field(const rapidjson::Value& o, const char* name) {
+  if (!o.IsObject()) return "";
+  auto it = o.FindMember(name);
+  if (it == o.MemberEnd()) return "";
+  if (it->value.IsString()) return it->value.GetString();
+  if (it->value.IsUint64()) return std::to_string(it->value.GetUint64());
+  return "";
+}
+
 std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
 std::string b64(std::string_view s) { return quoted(base64_encode(s)); }
 
@@ -231,10 +242,15 @@ class Client::Impl {
       last.message = tls_error_;
       return tl::unexpected(last);
     }
+    if (options_.prefer_leader && find_leader_ && options_.endpoints.size() > 1) {
+      find_leader_ = false;
+      go_to_leader();
+    }
     const auto deadline = std::chrono::steady_clock::now() + options_.give_up_after;
     for (size_t attempt = 0;; ++attempt) {
       if (attempt > 0) {
         if (std::chrono::steady_clock::now() >= deadline) break;
+        find_leader_ = true;  // (once a member answers again)
         current_ = (current_ + 1) % options_.endpoints.size();
         disconnect();
         // After a round of every member, a pause (a leader election, a restart).
@@ -285,10 +301,62 @@ class Client::Impl {
         last_code_ = code;
         return tl::unexpected(last);
       }
+      if (options_.prefer_leader && doc.HasMember("header")) {
+        const std::string term = id_field(doc["header"], "raft_term");
+        if (!term.empty() && term != raft_term_) {
+          find_leader_ = find_leader_ || !raft_term_.empty();  // (a new election since)
+          raft_term_ = term;
+        }
+      }
       return doc;
     }
     last_code_ = -1;
     return tl::unexpected(last);
+  }
+
+  // Moves to the member that leads etcd's Raft, if one of the endpoints: asks the current
+  // member which member leads and where each member answers its clients. On any failure,
+  // stays where it is (the calls fail over as ever).
+  void go_to_leader() {
+    const std::string& endpoint = options_.endpoints[current_];
+    std::string reply;
+    int status = 0;
+    rapidjson::Document st, members;
+    if (exchange(endpoint, "/v3/maintenance/status", "{}", &reply, &status) || status != 200) {
+      disconnect();
+      return;
+    }
+    st.Parse(reply.data(), reply.size());
+    if (exchange(endpoint, "/v3/cluster/member/list", "{}", &reply, &status) || status != 200) {
+      disconnect();
+      return;
+    }
+    members.Parse(reply.data(), reply.size());
+    if (st.HasParseError() || !st.IsObject() || members.HasParseError() || !members.IsObject() ||
+        !members.HasMember("members") || !members["members"].IsArray())
+      return;
+    const std::string leader = id_field(st, "leader");
+    if (st.HasMember("header")) raft_term_ = id_field(st["header"], "raft_term");
+    for (const auto& m : members["members"].GetArray()) {
+      if (leader.empty() || id_field(m, "ID") != leader || !m.HasMember("clientURLs") ||
+          !m["clientURLs"].IsArray())
+        continue;
+      for (const auto& url : m["clientURLs"].GetArray()) {
+        if (!url.IsString()) continue;
+        std::string hostport = url.GetString();
+        if (const auto scheme = hostport.find("://"); scheme != std::string::npos)
+          hostport = hostport.substr(scheme + 3);
+        while (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
+        for (size_t i = 0; i < options_.endpoints.size(); ++i) {
+          if (options_.endpoints[i] != hostport) continue;
+          if (i != current_) {
+            disconnect();
+            current_ = i;
+          }
+          return;
+        }
+      }
+    }
   }
 
   int64_t last_code() const { return last_code_; }
@@ -453,6 +521,8 @@ class Client::Impl {
   std::string token_;            // of the current connection (etcd auth), if any
   size_t current_ = 0;
   int64_t last_code_ = 0;
+  bool find_leader_ = true;  // (prefer_leader) look up the Raft leader before the next call
+  std::string raft_term_;    // (prefer_leader) the Raft term of the last reply
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -557,6 +627,8 @@ Result<MemberStatus> Client::status() {
   s.db_size_in_use = int_field(*doc, "dbSizeInUse");
   if (doc->HasMember("version") && (*doc)["version"].IsString())
     s.version = (*doc)["version"].GetString();
+  if (doc->HasMember("header")) s.member_id = id_field((*doc)["header"], "member_id");
+  s.leader = id_field(*doc, "leader");
   return s;
 }
 

@@ -73,6 +73,7 @@ struct MemberStatus {
   int64_t db_size = 0;         // bytes of the backend file
   int64_t db_size_in_use = 0;  // bytes of it in use (the rest is free pages)
   std::string version;
+  std::string member_id, leader;  // its member ID, and the Raft leader's (decimal)
 };
 
 // TLS to etcd (etcdctl's --cacert, --cert, --key): the members are verified against `ca_file`
@@ -96,6 +97,11 @@ struct ClientOptions {
   // elects a new Raft leader within about two election timeouts of losing one).
   std::chrono::milliseconds give_up_after{5000};
   TlsFiles tls{};  // HTTPS to every member when enabled
+  // Send calls to the member that leads etcd's Raft when it is one of `endpoints`: a write sent
+  // to a follower is forwarded to the leader and answered once the follower has applied it too.
+  // Looked up (the member's status and the member list, two calls) before the first call, after
+  // a call went to another member, and after a reply names a new Raft term.
+  bool prefer_leader = false;
 };
 
 // The key just past every key that starts with `prefix` (etcd's "prefix" range end).

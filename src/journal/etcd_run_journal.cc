@@ -156,7 +156,7 @@ Result<RunsObservation> EtcdRunElection::observe() {
   for (const etcd::KeyValue& kv : r->ranges[2].kvs) {
     auto it = runs.find(unescape(kv.key.substr(snaps.size())));
     if (it == runs.end()) continue;
-    int64_t seq = 0;  // (a snapshot is "SEQ TIME GEN CHUNKS BYTES")
+    int64_t seq = 0;  // (a snapshot is "SEQ TIME GEN CHUNKS BYTES Z")
     std::sscanf(kv.value.c_str(), "%" SCNd64, &seq);
     it->second.replay_records = std::max<int64_t>(0, it->second.head_seq - seq);
   }
@@ -217,6 +217,10 @@ Result<RunCopy> EtcdRunElection::read(const std::string& run) {
                     "%" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64, &seq, &time, &gen,
                     &chunks, &bytes) != 5)
       return failed_precondition(where + ": its snapshot key is damaged");
+    // (" Z" after BYTES: the chunks hold the state deflated, as pack_records writes it)
+    char packed = 0;
+    std::sscanf(snap->kvs[0].value.c_str(),
+                "%*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %c", &packed);
     auto parts = range_all(*client_, key("chunk", run) + "/" + pad20(gen) + "/");
     if (!parts) return tl::unexpected(parts.error());
     std::string state;
@@ -227,6 +231,12 @@ Result<RunCopy> EtcdRunElection::read(const std::string& run) {
                                  " chunks, " + std::to_string(state.size()) +
                                  " bytes; its key says " + std::to_string(chunks) + ", " +
                                  std::to_string(bytes));
+    if (packed == 'Z') {
+      std::string raw;
+      if (state.empty() || state[0] != 'Z' || !unpack_records(state, &raw))
+        return failed_precondition(where + ": its snapshot does not inflate");
+      state = std::move(raw);
+    }
     saved.snapshot = std::move(state);
     saved.snapshot_seq = seq;
   }
@@ -336,8 +346,10 @@ class EtcdRunJournal::Batch final : public JournalBatch {
 
 EtcdRunJournal::EtcdRunJournal(EtcdJournalOptions options)
     : options_(std::move(options)),
-      client_(std::make_unique<etcd::Client>(etcd::ClientOptions{
-          options_.endpoints, options_.timeout, std::chrono::milliseconds(5000), options_.tls})) {
+      // Writes go to etcd's Raft leader (prefer_leader): not forwarded by a follower.
+      client_(std::make_unique<etcd::Client>(
+          etcd::ClientOptions{options_.endpoints, options_.timeout, std::chrono::milliseconds(5000),
+                              options_.tls, /*prefer_leader=*/true})) {
   if (!options_.user.empty()) client_->authenticate_as(options_.user, options_.password);
 }
 
@@ -641,9 +653,15 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
         if (auto r = create(lead, part.run, *part.created); !r) return r;
       }
       std::optional<int64_t> gen;
+      // The snapshot deflated (zlib's fastest level, as the records): a run's state is mostly
+      // numbers much alike, and each byte costs etcd a Raft round's share and each member's WAL.
+      std::string stored;
       if (part.snapshot) {
         gen = lead.term.load() * 1'000'000 + lead.next_gen++;
-        if (auto r = write_chunks(lead, part.run, part.snapshot->state, *gen); !r) return r;
+        stored = pack_records(part.snapshot->state);
+        if (auto r = write_chunks(lead, part.run, stored, *gen); !r) return r;
+        snapshot_bytes_ += stored.size();
+        snapshots_ += 1;
       }
       std::vector<etcd::Operation> ops;
       size_t bytes = 0;
@@ -683,9 +701,11 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
       int64_t last = 0;
       auto put_log = [&]() -> Result<void> {
         if (value.empty()) return {};
+        std::string packed = pack_records(value);
+        record_bytes_ += packed.size();
         auto r = add({etcd::Operation::Kind::kPut,
                       key("log", part.run) + "/" + pad20(last),
-                      pack_records(value),
+                      std::move(packed),
                       {},
                       0,
                       0});
@@ -708,12 +728,11 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
         const auto& snap = *part.snapshot;
         time = std::max(time, snap.time);
         const std::string chunks = key("chunk", part.run) + "/";
-        const size_t count = snap.state.empty() ? 1
-                                                : (snap.state.size() + options_.chunk_bytes - 1) /
-                                                      options_.chunk_bytes;
+        const size_t count =
+            stored.empty() ? 1 : (stored.size() + options_.chunk_bytes - 1) / options_.chunk_bytes;
         char meta[128];
-        std::snprintf(meta, sizeof meta, "%" PRId64 " %" PRId64 " %" PRId64 " %zu %zu", snap.seq,
-                      static_cast<int64_t>(snap.time), *gen, count, snap.state.size());
+        std::snprintf(meta, sizeof meta, "%" PRId64 " %" PRId64 " %" PRId64 " %zu %zu Z", snap.seq,
+                      static_cast<int64_t>(snap.time), *gen, count, stored.size());
         if (auto r = add({etcd::Operation::Kind::kPut, key("snap", part.run), meta, {}, 0, 0}); !r)
           return r;
         if (auto r = add({etcd::Operation::Kind::kDeleteRange,
@@ -787,7 +806,18 @@ void EtcdRunJournal::append_metrics(std::string& out) const {
       std::to_string(refused_.load()) +
       "\n# HELP traincoord_etcd_compactions_total Compactions of etcd's history.\n"
       "# TYPE traincoord_etcd_compactions_total counter\ntraincoord_etcd_compactions_total " +
-      std::to_string(compactions_.load()) + "\n";
+      std::to_string(compactions_.load()) +
+      "\n# HELP traincoord_etcd_record_bytes_total Bytes of records put in etcd (deflated).\n"
+      "# TYPE traincoord_etcd_record_bytes_total counter\ntraincoord_etcd_record_bytes_total " +
+      std::to_string(record_bytes_.load()) +
+      "\n# HELP traincoord_etcd_snapshot_bytes_total Bytes of snapshots put in etcd "
+      "(deflated).\n"
+      "# TYPE traincoord_etcd_snapshot_bytes_total counter\n"
+      "traincoord_etcd_snapshot_bytes_total " +
+      std::to_string(snapshot_bytes_.load()) +
+      "\n# HELP traincoord_etcd_snapshots_total Snapshots written to etcd.\n"
+      "# TYPE traincoord_etcd_snapshots_total counter\ntraincoord_etcd_snapshots_total " +
+      std::to_string(snapshots_.load()) + "\n";
 }
 
 }  // namespace traincoord

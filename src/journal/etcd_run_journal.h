@@ -12,8 +12,9 @@
 //   PREFIX/head/RUN            "TERM SEQ TIME": RUN's last write (TERM 0 for the write that
 //                              created the run); every run that exists has one
 //   PREFIX/config/RUN          "FORMAT\nCREATED_MS\nTEXT"
-//   PREFIX/snap/RUN            "SEQ TIME GEN CHUNKS BYTES": RUN's latest snapshot
-//   PREFIX/chunk/RUN/GEN/I     its bytes, in chunks
+//   PREFIX/snap/RUN            "SEQ TIME GEN CHUNKS BYTES Z": RUN's latest snapshot
+//   PREFIX/chunk/RUN/GEN/I     its bytes, deflated (as a log key's value), in chunks (BYTES
+//                              in all); without the " Z" (as written before), not deflated
 //   PREFIX/log/RUN/LASTSEQ     records of RUN (one wave's, or part of one), deflated
 // Record numbers count per run (RUN's head SEQ). The leader and head keys sit under prefixes
 // of their own (not under PREFIX/runs/RUN/) so that one etcd txn of three prefix ranges reads
@@ -253,6 +254,9 @@ class EtcdRunJournal final : public Journal {
   int64_t last_revision_ = 0;
   uint64_t since_compaction_ = 0;
   std::atomic<uint64_t> writes_{0}, txns_{0}, compactions_{0}, refused_{0};
+  // Bytes put in etcd (as stored: deflated): records (log keys) and snapshots (chunks), and
+  // the snapshots written.
+  std::atomic<uint64_t> record_bytes_{0}, snapshot_bytes_{0}, snapshots_{0};
 };
 
 }  // namespace traincoord

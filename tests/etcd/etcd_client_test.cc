@@ -133,6 +133,60 @@ TEST(EtcdClient, FailsOverToAnotherMemberWhenOneIsKilledOrPaused) {
   EXPECT_EQ(back->kvs.at(0).value, "2");
 }
 
+// The member that leads etcd's Raft (-1: none found).
+int raft_leader(const EtcdCluster& cluster) {
+  for (size_t i = 0; i < 3; ++i) {
+    etcd::Client one(
+        {{cluster.endpoint(i)}, std::chrono::milliseconds(500), std::chrono::milliseconds(500)});
+    auto s = one.status();
+    if (s && !s->leader.empty() && s->member_id == s->leader) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// With prefer_leader (the journal's writes), calls go to the member that leads etcd's Raft,
+// wherever it is in the list, and to the new leader once that one is killed.
+TEST(EtcdClient, PreferringTheLeaderCallsTheMemberThatLeadsRaft) {
+  EtcdCluster cluster;
+  ASSERT_TRUE(cluster.started());
+  int leader = -1;
+  for (int i = 0; i < 100 && leader < 0; ++i) {
+    leader = raft_leader(cluster);
+    if (leader < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(leader, 0);
+  const size_t follower = (static_cast<size_t>(leader) + 1) % 3;
+  std::vector<std::string> list = {cluster.endpoint(follower)};
+  for (size_t i = 0; i < 3; ++i) {
+    if (i != follower) list.push_back(cluster.endpoint(i));
+  }
+  etcd::ClientOptions options{list, std::chrono::milliseconds(500)};
+  options.prefer_leader = true;
+  etcd::Client client(options);
+  ASSERT_TRUE(client.put("/l/a", "1"));
+  EXPECT_EQ(client.current_endpoint(), cluster.endpoint(static_cast<size_t>(leader)));
+  // Without it, the first member of the list.
+  etcd::Client plain({list, std::chrono::milliseconds(500)});
+  ASSERT_TRUE(plain.put("/l/a", "2"));
+  EXPECT_EQ(plain.current_endpoint(), cluster.endpoint(follower));
+  // The leader killed: the calls go to the one elected next.
+  cluster.kill(static_cast<size_t>(leader));
+  int next = -1;
+  for (int i = 0; i < 100 && next < 0; ++i) {
+    next = raft_leader(cluster);
+    if (next < 0 || next == leader) {
+      next = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  ASSERT_GE(next, 0);
+  for (int i = 0; i < 2; ++i) {  // (the first call finds the member gone, the next the leader)
+    auto put = client.put("/l/a", "3");
+    ASSERT_TRUE(put) << put.error().message;
+  }
+  EXPECT_EQ(client.current_endpoint(), cluster.endpoint(static_cast<size_t>(next)));
+}
+
 TEST(EtcdClient, SaysWhichMembersItTriedWhenNoneAnswers) {
   etcd::Client client({{"127.0.0.1:1", "127.0.0.1:2"},
                        std::chrono::milliseconds(300),

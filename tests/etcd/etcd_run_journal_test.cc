@@ -407,14 +407,15 @@ TEST(EtcdRunJournal, ParsesEtcdUrlsAndNamesWhatIsWrong) {
 }
 
 // A run's snapshots go to etcd in chunks (several per txn, several txns) and delete the
-// records and chunks they cover; its records go deflated (fewer bytes per etcd write), and
-// records written plain are still read; a takeover brings the run back byte for byte.
+// records and chunks they cover; its records and snapshots go deflated (fewer bytes per etcd
+// write), and records and snapshots written plain are still read; a takeover brings the run
+// back byte for byte.
 TEST(EtcdRunJournal, SnapshotsInChunksCoverTheRecordsWhichAreDeflated) {
   EtcdCluster cluster(1);
   ASSERT_TRUE(cluster.started());
   auto options = options_of(cluster);
   options.snapshot_every = 40;
-  options.chunk_bytes = 700;  // a snapshot in several chunks, in several txns
+  options.chunk_bytes = 250;  // a snapshot (deflated) in several chunks, in several txns
   options.txn_bytes = 2000;
   ManualClock wall(1'000'000);
   Coord a(wall, options, "http://a", 60), b(wall, options, "http://b", 60);
@@ -429,7 +430,7 @@ TEST(EtcdRunJournal, SnapshotsInChunksCoverTheRecordsWhichAreDeflated) {
   EXPECT_LT(keys_under(cluster, "/rt/log/x/"), 40u);
   const size_t chunks = keys_under(cluster, "/rt/chunk/x/");
   EXPECT_GE(chunks, 2u);
-  EXPECT_LT(chunks, state.size() / 700 + 3);
+  EXPECT_LT(chunks, state.size() / 250 + 3);
   // The records since the snapshot are deflated; written plain instead, they are read alike.
   etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
   auto logs = client.range("/rt/log/x/", etcd::prefix_end("/rt/log/x/"));
@@ -451,6 +452,39 @@ TEST(EtcdRunJournal, SnapshotsInChunksCoverTheRecordsWhichAreDeflated) {
     ASSERT_TRUE(client.put(kv.key, raw));
   }
   EXPECT_LT(packed * 3, plain * 2) << packed << " bytes deflated, " << plain << " plain";
+  // The snapshot is deflated too ("... BYTES Z"); written plain (as before), it is read alike.
+  auto snap = client.range("/rt/snap/x");
+  ASSERT_TRUE(snap && snap->kvs.size() == 1);
+  int64_t seq = 0, time = 0, gen = 0, count = 0, bytes = 0;
+  char z = 0;
+  ASSERT_EQ(std::sscanf(snap->kvs[0].value.c_str(), "%ld %ld %ld %ld %ld %c", &seq, &time, &gen,
+                        &count, &bytes, &z),
+            6)
+      << snap->kvs[0].value;
+  EXPECT_EQ(z, 'Z');
+  char gen_text[24];
+  std::snprintf(gen_text, sizeof gen_text, "%020ld", gen);
+  const std::string under = "/rt/chunk/x/" + std::string(gen_text) + "/";
+  auto parts = client.range(under, etcd::prefix_end(under));
+  ASSERT_TRUE(parts);
+  EXPECT_EQ(static_cast<int64_t>(parts->kvs.size()), count);
+  std::string stored;
+  for (const auto& kv : parts->kvs) stored += kv.value;
+  ASSERT_EQ(static_cast<int64_t>(stored.size()), bytes);
+  ASSERT_EQ(stored[0], 'Z');
+  const auto nl = stored.find('\n');
+  std::string raw(std::stoull(stored.substr(1, nl - 1)), '\0');
+  uLongf size = static_cast<uLongf>(raw.size());
+  ASSERT_EQ(uncompress(reinterpret_cast<Bytef*>(raw.data()), &size,
+                       reinterpret_cast<const Bytef*>(stored.data() + nl + 1),
+                       static_cast<uLong>(stored.size() - nl - 1)),
+            Z_OK);
+  EXPECT_LT(stored.size() * 2, raw.size()) << stored.size() << " bytes deflated, " << raw.size();
+  ASSERT_TRUE(client.delete_range(under, etcd::prefix_end(under)));
+  ASSERT_TRUE(client.put(under + "000000", raw));
+  ASSERT_TRUE(client.put("/rt/snap/x", std::to_string(seq) + " " + std::to_string(time) + " " +
+                                           std::to_string(gen) + " 1 " +
+                                           std::to_string(raw.size())));
   a.election().resign("x");
   ASSERT_TRUE(b.take_over("x"));
   EXPECT_EQ(b.state("x"), state);

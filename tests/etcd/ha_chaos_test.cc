@@ -1,5 +1,6 @@
-// Chaos, bounded (docs/HA.md "Chaos"): a real 3-member etcd cluster, two coordinators and three
-// C++ workers (examples/cpp_worker) given both urls, running flat out. Seeded (the seed is
+// Chaos, bounded (docs/HA.md "Chaos"): a real 3-member etcd cluster, two coordinators, three
+// C++ workers (examples/cpp_worker) and two Python workers (the real client, python/traincoord:
+// tests/etcd/chaos_worker.py), all given both urls, running flat out. Seeded (the seed is
 // printed; TRAINCOORD_CHAOS_SEED replays it):
 //   1. a random coordinator is killed with SIGKILL (by its PID) at a random moment, and started
 //      again on its port, TRAINCOORD_CHAOS_KILLS times (default 3; 20 by hand);
@@ -7,14 +8,20 @@
 //   3. two etcd members (a majority) are killed: nothing is acknowledged to a worker meanwhile
 //      (no "accepted" line, no coordinator answers a write), the workers wait; the members come
 //      back, and the run goes on;
-// and at the end the run is complete with each job of each epoch counted exactly once (the
-// coordinator's ledger), and no job was told "accepted" to two workers. Prints each failover's
-// time (from the kill of the leader to the other serving the run). Every process is stopped by
-// its PID, also when the test fails.
+// and at the end: the run stopped early where an undisturbed run of the same config does (the
+// same early-stop decisions, judged on the same dev losses), each job of each of its epochs
+// counted exactly once (the coordinator's ledger and its history: one completion per job), no
+// job told "accepted" to two workers, and every completion a worker was told was accepted is in
+// the coordinator's history, under that worker. Prints each failover's time (from the kill of
+// the leader to the other serving the run). Every process is stopped by its PID, also when the
+// test fails.
 #include <gtest/gtest.h>
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -60,17 +67,49 @@ class Chaos : public ::testing::Test {
                 static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(seed_),
                 kills_);
     rng_.seed(seed_);
-    // Long enough that the chaos ends before the run does: ~100 jobs per kill, and more.
+    // Long enough that the chaos ends before the run does: ~200 jobs per kill, and more. The
+    // workers' dev loss is 1 / (1 + epoch) + a little: dev epoch 0 is the best so far (a new
+    // best; the run goes on), dev epoch 1 (~0.503) beats the stopping threshold: the run stops
+    // early after two of its three epochs.
     std::ostringstream run;
-    run << "name = \"chaos\"\n[data]\ntrain_batches = " << 120 * (kills_ + 4)
-        << "\ndev_batches = 12\n[schedule]\nepochs = 2\n[leases]\ntimeout = 30.0\n"
-        << "max_attempts = 100\non_job_failure = \"skip\"\n[early_stop]\nrule = \"none\"\n";
+    run << "name = \"chaos\"\n[data]\ntrain_batches = " << kTrainPerKill * (kills_ + 4)
+        << "\ndev_batches = " << kDev << "\n[schedule]\nepochs = 3\nvalidation_every = 1\n"
+        << "[leases]\ntimeout = 30.0\nmax_attempts = 100\non_job_failure = \"skip\"\n"
+        << "[early_stop]\nrule = \"patience\"\npatience = 2\nstopping_threshold = 0.6\n";
     config_ = dir_.write("chaos.toml", run.str());
     journal_ = "etcd://" + cluster_.endpoints() + "/chaos";
   }
 
   std::unique_ptr<ServerProcess> start_coordinator(uint16_t port = 0) {
     return ServerProcess::start({"--config", config_, "--journal", journal_}, port);
+  }
+
+  // The workers of a run, given `urls` (the coordinators, separated by commas): three of the C++
+  // client, two of the Python client (py0 in `for job in run.jobs()`, py1 completing each job
+  // at once), each taking `job_ms` a job; their output in `out_prefix`N.out.
+  void start_workers(const std::string& urls, int job_ms, const std::string& out_prefix) {
+    for (int w = 0; w < 5; ++w) {
+      const std::string out = out_prefix + std::to_string(w) + ".out";
+      const std::string name = (w < 3 ? "w" : "py") + std::to_string(w < 3 ? w : w - 3);
+      if (w < 3) {
+        workers_.push_back(std::make_unique<WorkerProcess>(
+            std::vector<std::string>{EXAMPLE_WORKER_BIN, "--url", urls, "--run", "chaos", "--name",
+                                     name, "--job-ms", std::to_string(job_ms), "--give-up-after",
+                                     "60"},
+            out));
+      } else {
+        workers_.push_back(std::make_unique<WorkerProcess>(
+            std::vector<std::string>{
+                "/usr/bin/env", "PYTHONPATH=" + std::string(TRAINCOORD_SOURCE_DIR) + "/python",
+                "PYTHONDONTWRITEBYTECODE=1", "TRAINCOORD_URL=" + urls, "TRAINCOORD_RUN=chaos",
+                "TRAINCOORD_WORKER=" + name, "/usr/bin/python3",
+                std::string(TRAINCOORD_SOURCE_DIR) + "/tests/etcd/chaos_worker.py",
+                w == 3 ? "loop" : "each", std::to_string(job_ms)},
+            out));
+      }
+      worker_names_.push_back(name);
+      worker_outs_.push_back(out);
+    }
   }
 
   // Which coordinator serves the run now (-1: none).
@@ -122,27 +161,32 @@ class Chaos : public ::testing::Test {
     return false;
   }
 
-  // The workers' "accepted SET EPOCH INDEX ..." lines: how many workers were told each job.
-  std::map<std::string, int> told() {
-    std::map<std::string, int> jobs;
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      std::istringstream lines(read_file(worker_out(w)));
+  // The workers' "OUTCOME SET EPOCH INDEX ..." lines ("accepted" by both clients, also
+  // "duplicate" and others by the Python one): job ("SET EPOCH INDEX") -> the names of the
+  // workers told it was `outcome`, one per line.
+  std::map<std::string, std::vector<std::string>> told(const std::string& outcome = "accepted") {
+    std::map<std::string, std::vector<std::string>> jobs;
+    for (size_t w = 0; w < worker_outs_.size(); ++w) {
+      std::istringstream lines(read_file(worker_outs_[w]));
       for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("accepted ", 0) != 0) continue;
-        std::istringstream words(line.substr(9));
+        if (line.rfind(outcome + " ", 0) != 0) continue;
+        std::istringstream words(line.substr(outcome.size() + 1));
         std::string set, epoch, index;
         words >> set >> epoch >> index;
-        jobs[set + " " + epoch + " " + index] += 1;
+        jobs[set + " " + epoch + " " + index].push_back(worker_names_[w]);
       }
     }
     return jobs;
   }
+  // How many "accepted" lines the workers that print them as soon as told have printed (py0's
+  // may come later: it prints a completion's once the loop hands it the next job).
   size_t told_count() {
     size_t n = 0;
-    for (const auto& [job, k] : told()) n += static_cast<size_t>(k);
+    for (const auto& [job, names] : told())
+      n += std::count_if(names.begin(), names.end(),
+                         [](const std::string& name) { return name != "py0"; });
     return n;
   }
-  std::string worker_out(size_t w) const { return dir_.path() + "/w" + std::to_string(w) + ".out"; }
 
   std::string say_all() {
     std::string s;
@@ -150,9 +194,9 @@ class Chaos : public ::testing::Test {
       if (coordinators_[i])
         s += "\ncoordinator " + urls_[i] + ":\n" + coordinators_[i]->read_output();
     }
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      const std::string out = read_file(worker_out(w));
-      s += "\nworker " + std::to_string(w) + " (last lines):\n" +
+    for (size_t w = 0; w < worker_outs_.size(); ++w) {
+      const std::string out = read_file(worker_outs_[w]);
+      s += "\nworker " + worker_names_[w] + " (last lines):\n" +
            out.substr(out.size() > 1500 ? out.size() - 1500 : 0);
     }
     return s;
@@ -167,7 +211,55 @@ class Chaos : public ::testing::Test {
   std::unique_ptr<ServerProcess> coordinators_[2];
   std::string urls_[2];
   std::vector<std::unique_ptr<WorkerProcess>> workers_;
+  std::vector<std::string> worker_names_, worker_outs_;
+  static constexpr int kTrainPerKill = 200, kDev = 12;
 };
+
+// The coordinator's history of `run` from `url` (JSON lines): job ("SET EPOCH INDEX") -> the
+// workers its counted completions name, one per completion.
+std::map<std::string, std::vector<std::string>> history_jobs(const std::string& url) {
+  std::map<std::string, std::vector<std::string>> jobs;
+  const Reply r = http(url, "GET", "/v1/runs/chaos/history?format=jsonl", "", 10000);
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::istringstream lines(r.body);
+  for (std::string line; std::getline(lines, line);) {
+    rapidjson::Document d;
+    d.Parse(line.c_str());
+    if (d.HasParseError() || !d.IsObject() || std::string(d["kind"].GetString()) != "job") continue;
+    jobs[std::string(d["set"].GetString()) + " " + std::to_string(d["epoch"].GetInt64()) + " " +
+         std::to_string(d["job"].GetInt64())]
+        .push_back(d["worker"].IsString() ? d["worker"].GetString() : "?");
+  }
+  return jobs;
+}
+
+// Whether two JSON values are the same, numbers within 1e-12 (a mean summed in another order).
+bool same_json(const rapidjson::Value& a, const rapidjson::Value& b) {
+  if (a.IsNumber() && b.IsNumber()) return std::fabs(a.GetDouble() - b.GetDouble()) <= 1e-12;
+  if (a.GetType() != b.GetType()) return false;
+  if (a.IsObject()) {
+    if (a.MemberCount() != b.MemberCount()) return false;
+    for (const auto& m : a.GetObject()) {
+      if (!b.HasMember(m.name) || !same_json(m.value, b[m.name])) return false;
+    }
+    return true;
+  }
+  if (a.IsArray()) {
+    if (a.Size() != b.Size()) return false;
+    for (rapidjson::SizeType i = 0; i < a.Size(); ++i) {
+      if (!same_json(a[i], b[i])) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+std::string json_text(const rapidjson::Value& v) {
+  rapidjson::StringBuffer out;
+  rapidjson::Writer<rapidjson::StringBuffer> w(out);
+  v.Accept(w);
+  return out.GetString();
+}
 
 TEST_F(Chaos, CoordinatorsAndEtcdMembersKilledAtRandomTheRunCountsEachJobOnce) {
   coordinators_[0] = start_coordinator();
@@ -177,13 +269,7 @@ TEST_F(Chaos, CoordinatorsAndEtcdMembersKilledAtRandomTheRunCountsEachJobOnce) {
   coordinators_[1] = start_coordinator();
   ASSERT_TRUE(coordinators_[1]);
   urls_[1] = coordinators_[1]->url();
-  for (int w = 0; w < 3; ++w) {
-    workers_.push_back(std::make_unique<WorkerProcess>(
-        std::vector<std::string>{EXAMPLE_WORKER_BIN, "--url", urls_[1] + "," + urls_[0], "--run",
-                                 "chaos", "--name", "w" + std::to_string(w), "--job-ms", "20",
-                                 "--give-up-after", "60"},
-        worker_out(static_cast<size_t>(w))));
-  }
+  start_workers(urls_[1] + "," + urls_[0], 20, dir_.path() + "/w");
   ASSERT_TRUE(progresses(0, 30)) << say_all();
 
   // 1. Coordinators killed at random moments.
@@ -260,30 +346,85 @@ TEST_F(Chaos, CoordinatorsAndEtcdMembersKilledAtRandomTheRunCountsEachJobOnce) {
   ASSERT_GE(await_leader(), 0) << say_all();
   std::printf("chaos: etcd back; a coordinator serves the run %.2f s later\n", seconds_since(back));
 
-  // The run finishes: each job of each epoch counted once.
+  // The run finishes (stopped early after dev epoch 1, as decided below): each job of each of
+  // its epochs counted once.
   for (size_t w = 0; w < workers_.size(); ++w) {
-    EXPECT_EQ(workers_[w]->wait(120), 0) << "worker " << w << say_all();
+    EXPECT_EQ(workers_[w]->wait(120), 0) << "worker " << worker_names_[w] << say_all();
   }
   rapidjson::Document d = status("?epochs=1000");
   ASSERT_TRUE(d.IsObject()) << say_all();
-  EXPECT_STREQ(d["state"].GetString(), "completed");
+  EXPECT_STREQ(d["state"].GetString(), "early_stopped");
   int64_t jobs = 0;
-  ASSERT_EQ(d["epochs"].Size(), 4u);  // 2 train, 2 dev
+  ASSERT_EQ(d["epochs"].Size(), 4u);  // train 0, dev 0, train 1, dev 1 (then the stop)
   for (const auto& e : d["epochs"].GetArray()) {
     EXPECT_EQ(e["done"].GetInt64(), e["jobs"].GetInt64());
     EXPECT_EQ(e["failed"].GetInt64(), 0);
     jobs += e["jobs"].GetInt64();
   }
-  EXPECT_EQ(jobs, 2 * 120 * (kills_ + 4) + 2 * 12);
+  EXPECT_EQ(jobs, 2 * kTrainPerKill * (kills_ + 4) + 2 * kDev);
   EXPECT_EQ(d["counters"]["completions_accepted"].GetInt64(), jobs);
+  // No job told "accepted" to two workers; the coordinator's history (the completions it
+  // counted since it started: a snapshot does not keep them) names each job once, and under
+  // the worker that was told it was accepted (none lost, none given to another).
   const auto jobs_told = told();
-  for (const auto& [job, n] : jobs_told) EXPECT_EQ(n, 1) << "told accepted twice: " << job;
+  for (const auto& [job, names] : jobs_told) {
+    EXPECT_EQ(names.size(), 1u) << "told accepted twice: " << job;
+  }
+  const auto history = history_jobs(urls_[leader() >= 0 ? leader() : 0]);
+  EXPECT_GT(history.size(), 0u);
+  EXPECT_LE(static_cast<int64_t>(history.size()), jobs);
+  size_t in_history = 0;
+  for (const auto& [job, names] : history) {
+    EXPECT_EQ(names.size(), 1u) << "counted twice: " << job;
+    auto it = jobs_told.find(job);
+    if (it == jobs_told.end()) continue;  // (its reply was lost: told duplicate, if told)
+    in_history += 1;
+    EXPECT_EQ(it->second[0], names[0]) << job << " was told accepted to " << it->second[0]
+                                       << ", the coordinator counted " << names[0] << "'s";
+  }
   // (a completion whose reply died with a leader is told "duplicate" on its retry: missing
-  // from the lines, never counted twice)
+  // from the "accepted" lines, never counted twice; the Python workers say so)
   EXPECT_LE(static_cast<int64_t>(jobs_told.size()), jobs);
-  EXPECT_GE(static_cast<int64_t>(jobs_told.size()), jobs - 3 * (kills_ + 2));
-  std::printf("chaos: seed %llu: %lld jobs, each counted once\n",
-              static_cast<unsigned long long>(seed_), static_cast<long long>(jobs));
+  EXPECT_GE(static_cast<int64_t>(jobs_told.size()), jobs - 5 * (kills_ + 2));
+  size_t by_python = 0;
+  for (const auto& [job, names] : jobs_told) by_python += names[0].rfind("py", 0) == 0 ? 1 : 0;
+  EXPECT_GT(by_python, 0u) << "the Python workers had no completion accepted" << say_all();
+  const auto duplicates = told("duplicate");
+  rapidjson::Document stopped;
+  stopped.CopyFrom(d["early_stop"], stopped.GetAllocator());
+  std::printf(
+      "chaos: seed %llu: %lld jobs, each counted once (%zu told accepted, %zu of them to "
+      "the Python workers; %zu told duplicate; %zu in the serving leader's history); "
+      "%s\n",
+      static_cast<unsigned long long>(seed_), static_cast<long long>(jobs), jobs_told.size(),
+      by_python, duplicates.size(), in_history, d["reason"].GetString());
+
+  // An undisturbed run of the same config, the same workers (no job time), a coordinator of its
+  // own on the same etcd cluster: the same early-stop decisions.
+  for (int i = 0; i < 2; ++i) coordinators_[i].reset();
+  workers_.clear();
+  worker_names_.clear();
+  worker_outs_.clear();
+  const auto calm_from = Clock::now();
+  journal_ = "etcd://" + cluster_.endpoints() + "/calm";
+  coordinators_[0] = start_coordinator();
+  ASSERT_TRUE(coordinators_[0]);
+  urls_[0] = coordinators_[0]->url();
+  ASSERT_EQ(await_leader(), 0);
+  start_workers(urls_[0], 0, dir_.path() + "/calm");
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    EXPECT_EQ(workers_[w]->wait(120), 0) << "worker " << worker_names_[w] << say_all();
+  }
+  rapidjson::Document calm = status("?epochs=1000");
+  ASSERT_TRUE(calm.IsObject()) << say_all();
+  EXPECT_STREQ(calm["state"].GetString(), "early_stopped");
+  EXPECT_EQ(calm["counters"]["completions_accepted"].GetInt64(), jobs);
+  EXPECT_TRUE(same_json(calm["early_stop"], stopped))
+      << "undisturbed: " << json_text(calm["early_stop"]) << "\nchaos: " << json_text(stopped);
+  EXPECT_STREQ(calm["reason"].GetString(), d["reason"].GetString());
+  EXPECT_EQ(calm["early_stop"]["stopped_at_epoch"].GetInt64(), 1);
+  std::printf("chaos: the undisturbed run took %.1f s; the same early-stop decisions\n",
+              seconds_since(calm_from));
 }
 
 }  // namespace
