@@ -637,7 +637,9 @@ bool SimWorker::on_acquire_reply(const rapidjson::Value& reply) {
     }
     trained_ = load_.job_ms() <= 0;
     train_until_ = Clock::time_point::max();
-    renewed_at_ = sent_at_;  // the leases' deadlines count from no earlier than this
+    // As the clients: renewed when the reply came (the lease's deadline was set when the
+    // server answered, between the request's send and now; see client/held_leases.h).
+    renewed_at_ = Clock::now();
     return true;
   }
   if (state == "finished") {

@@ -21,7 +21,11 @@ class HeldLeases {
  public:
   using TimePoint = typename Clock::time_point;
 
-  // A lease handed out at `now` (its reply just came): due for a heartbeat an interval later.
+  // A lease handed out, its reply come at `now`: due for a heartbeat an interval later. (The
+  // coordinator set its deadline, now + timeout in its time, when it answered: before `now`, by
+  // as long as the reply took to come. The interval is a third of the timeout, so the heartbeat
+  // still comes in time unless a reply took two thirds of the timeout, as with the fixed timer
+  // before: that one, too, came up to an interval after a lease was taken.)
   void hold(uint64_t lease, TimePoint now) { held_.emplace_back(lease, now); }
   void drop(uint64_t lease) {
     std::erase_if(held_, [lease](const auto& h) { return h.first == lease; });

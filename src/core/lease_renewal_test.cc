@@ -35,7 +35,7 @@ Completion done() {
   return c;
 }
 
-Job take(Run& run, WorkerId w) {
+Job take(traincoord::Run& run, WorkerId w) {
   auto a = run.acquire(w);
   EXPECT_TRUE(a.has_value());
   EXPECT_EQ(a->status, AcquireStatus::kJob);
@@ -46,7 +46,7 @@ Job take(Run& run, WorkerId w) {
 // heartbeat: each job comes with a fresh lease and is completed long before it runs out.
 TEST(LeaseRenewal, AJobShorterThanTheIntervalNeedsNoHeartbeat) {
   ManualClock clock;
-  Run run(config(), clock);
+  traincoord::Run run(config(), clock);
   const WorkerId w = run.join("w");
   Job job = take(run, w);
   EXPECT_EQ(job.deadline, clock.now() + kTimeout);
@@ -66,7 +66,7 @@ TEST(LeaseRenewal, AJobShorterThanTheIntervalNeedsNoHeartbeat) {
 // heartbeat, however busy its worker is with other requests meanwhile.
 TEST(LeaseRenewal, OtherRequestsOfTheWorkerDoNotRenewALease) {
   ManualClock clock;
-  Run run(config(), clock);
+  traincoord::Run run(config(), clock);
   const WorkerId w = run.join("w");
   const Job held = take(run, w);
   for (int i = 0; i < 5; ++i) {  // completes other jobs every second meanwhile
@@ -94,7 +94,7 @@ TEST(LeaseRenewal, OtherRequestsOfTheWorkerDoNotRenewALease) {
 // makes no request at all loses them a timeout after its last heartbeat.
 TEST(LeaseRenewal, AHeartbeatRenewsWhatItListsAndSilenceLetsItExpire) {
   ManualClock clock;
-  Run run(config(), clock);
+  traincoord::Run run(config(), clock);
   const WorkerId w = run.join("w"), other = run.join("other");
   const Job a = take(run, w);
   const Job b = take(run, w);
