@@ -201,8 +201,10 @@ struct Report {
           "  CPU per job cycle: server %.1f us, load generator %.1f us; server CPU %.3f s/s\n",
           per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s),
           seconds > 0 ? server_cpu_s / seconds : 0);
-      std::printf("  heartbeats (%s): %.0f/s\n", heartbeat_mode.c_str(),
-                  seconds > 0 ? static_cast<double>(heartbeats) / seconds : 0);
+      if (!heartbeat_mode.empty()) {
+        std::printf("  heartbeats (%s): %.0f/s\n", heartbeat_mode.c_str(),
+                    seconds > 0 ? static_cast<double>(heartbeats) / seconds : 0);
+      }
       if (rss_before_kib > 0) {
         std::printf("  server memory: %" PRIu64 " KiB before, %" PRIu64
                     " KiB with the workers connected: %.1f KiB per connection\n",
