@@ -6,7 +6,8 @@
 // traincoord: creates its own run (1 batch per job, epochs that overlap, so a barrier never
 // idles a worker), opens W keep-alive connections, registers a worker on each, and then runs
 // the real protocol on each: acquire, then complete-and-acquire cycles (`"next": true`) with a
-// loss, and a heartbeat listing the held lease at the interval the server asks for. It checks
+// loss, and a heartbeat listing the held lease when it went the interval the server asks for
+// without being renewed (--heartbeats timer: every interval, whatever else). It checks
 // the answers, so that a fast wrong server cannot score: no job is handed out twice while a
 // worker holds it, no batch of an epoch is counted twice, every batch of every epoch that
 // closed was counted once, and the server's count of completed jobs equals ours.
@@ -65,6 +66,10 @@ struct Args {
   int server_pid = 0;        // > 0: sample its memory (VmRSS) before and after connecting
   double job_ms = 0;         // each worker "trains" this long on a job before completing it
   int jobs_per_request = 1;  // > 1: each request completes and takes this many ("jobs": N)
+  // "needed": a heartbeat only when a held lease has gone the heartbeat interval without being
+  // renewed (handed out or heartbeated), as the clients do; "timer": one every interval
+  // whatever the worker did meanwhile (the clients before issue 22).
+  std::string heartbeats = "needed";
   bool json = false;
 };
 
@@ -123,14 +128,17 @@ struct Report {
   uint64_t cycles = 0;    // in the measured window: jobs completed
   uint64_t requests = 0;  // ... and the complete-and-acquire requests that carried them
   int jobs_per_request = 1;
-  uint64_t heartbeats = 0;
+  uint64_t heartbeats = 0;  // in the measured window
+  std::string heartbeat_mode;
   uint64_t errors = 0;
   std::vector<std::string> violations;
   LatencyHistogram latency;
   // How late a thread that only sleeps 200 us at a time wakes up (as jHiccup measures): the
   // machine's own stalls (descheduling, steal time), which no server on it can beat.
   LatencyHistogram hiccups;
-  uint64_t rss_before_kib = 0, rss_connected_kib = 0;
+  // The server's memory before the workers connected, when all had registered, and at the end
+  // of the measured window (every connection busy with its traffic).
+  uint64_t rss_before_kib = 0, rss_connected_kib = 0, rss_end_kib = 0;
   uint64_t epochs_checked = 0;
   double server_cpu_s = 0, own_cpu_s = 0;  // CPU used in the measured window
 
@@ -156,6 +164,9 @@ struct Report {
       w.key("hiccup_p999_us").value(static_cast<double>(hiccups.quantile(0.999)) / 1000.0);
       w.key("hiccup_max_us").value(static_cast<double>(hiccups.max()) / 1000.0);
       w.key("heartbeats").value(heartbeats).key("errors").value(errors);
+      w.key("heartbeat_mode").value(heartbeat_mode);
+      w.key("heartbeats_per_s").value(seconds > 0 ? static_cast<double>(heartbeats) / seconds : 0);
+      w.key("server_cpu_s_per_s").value(seconds > 0 ? server_cpu_s / seconds : 0);
       w.key("epochs_checked").value(epochs_checked);
       w.key("server_cpu_us_per_cycle").value(per_cycle_us(server_cpu_s));
       w.key("loadgen_cpu_us_per_cycle").value(per_cycle_us(own_cpu_s));
@@ -163,7 +174,9 @@ struct Report {
       w.key("rss_before_kib")
           .value(rss_before_kib)
           .key("rss_connected_kib")
-          .value(rss_connected_kib);
+          .value(rss_connected_kib)
+          .key("rss_end_kib")
+          .value(rss_end_kib);
       w.end_object();
       std::printf("%s\n", w.str().c_str());
     } else {
@@ -184,13 +197,21 @@ struct Report {
           static_cast<double>(hiccups.quantile(0.99)) / 1000.0,
           static_cast<double>(hiccups.quantile(0.999)) / 1000.0,
           static_cast<double>(hiccups.max()) / 1000.0);
-      std::printf("  CPU per job cycle: server %.1f us, load generator %.1f us\n",
-                  per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s));
+      std::printf(
+          "  CPU per job cycle: server %.1f us, load generator %.1f us; server CPU %.3f s/s\n",
+          per_cycle_us(server_cpu_s), per_cycle_us(own_cpu_s),
+          seconds > 0 ? server_cpu_s / seconds : 0);
+      if (!heartbeat_mode.empty()) {
+        std::printf("  heartbeats (%s): %.0f/s\n", heartbeat_mode.c_str(),
+                    seconds > 0 ? static_cast<double>(heartbeats) / seconds : 0);
+      }
       if (rss_before_kib > 0) {
         std::printf("  server memory: %" PRIu64 " KiB before, %" PRIu64
                     " KiB with the workers connected: %.1f KiB per connection\n",
                     rss_before_kib, rss_connected_kib,
                     static_cast<double>(rss_connected_kib - rss_before_kib) / workers);
+        std::printf("  ... %" PRIu64 " KiB at the end of the window: %.1f KiB per connection\n",
+                    rss_end_kib, static_cast<double>(rss_end_kib - rss_before_kib) / workers);
       }
     }
     for (size_t i = 0; i < violations.size() && i < 10; ++i) {
@@ -293,13 +314,16 @@ class SimWorker {
   void take(const rapidjson::Value& job);
 
  public:
-  void trained() {  // the training time is over (TraincoordLoad::sleep)
-    trained_ = true;
+  void woken() {  // TraincoordLoad::sleep: the training time is over, or a heartbeat is due
+    if (Clock::now() >= train_until_) trained_ = true;
     next_request();
   }
 
  private:
   std::string completions() const;
+  // When the next heartbeat is due: with --heartbeats needed, an interval after the held leases
+  // were last renewed (never while none is held); with timer, every interval.
+  Clock::time_point heartbeat_at() const;
 
   TraincoordLoad& load_;
   tcp::socket socket_;
@@ -310,8 +334,10 @@ class SimWorker {
   Sent sent_ = Sent::kRegister;
   Clock::time_point sent_at_;
   int64_t id_ = -1;
-  Clock::time_point next_heartbeat_;
+  Clock::time_point next_heartbeat_;  // "timer": the next heartbeat
+  Clock::time_point renewed_at_;      // "needed": when the held leases were last renewed
   std::chrono::milliseconds heartbeat_interval_{20'000};
+  Clock::time_point train_until_ = Clock::time_point::max();
   // The jobs held (up to --jobs-per-request), trained one after the other.
   struct Held {
     uint64_t lease = 0, index = 0;
@@ -338,6 +364,7 @@ class TraincoordLoad {
     report_.target = "traincoord";
     report_.job_ms = args_.job_ms;
     report_.jobs_per_request = args_.jobs_per_request;
+    report_.heartbeat_mode = args_.heartbeats;
     report_.workers = args_.workers;
     report_.rss_before_kib = rss_kib(args_.server_pid);
     for (int i = 0; i < args_.workers; ++i) {
@@ -375,7 +402,8 @@ class TraincoordLoad {
   bool started() const { return started_; }
   double job_ms() const { return args_.job_ms; }
   int jobs_per_request() const { return args_.jobs_per_request; }
-  // Wakes `worker` (trained()) at `at`. One timer for all workers, set to the soonest, instead
+  bool heartbeat_timer() const { return args_.heartbeats == "timer"; }
+  // Wakes `worker` (woken()) at `at`. One timer for all workers, set to the soonest, instead
   // of a timer (and a handler allocation) per worker and job: with 1,024 workers on 100 ms
   // jobs that made the load generator the busiest process on the machine (63 us of CPU per
   // job cycle).
@@ -402,6 +430,7 @@ class TraincoordLoad {
     auto timer = std::make_shared<asio::steady_timer>(io_, at);
     timer->async_wait([this, timer, sign](auto) {
       if (args_.server_pid > 0) report_.server_cpu_s += sign * cpu_seconds(args_.server_pid);
+      if (sign > 0) report_.rss_end_kib = rss_kib(args_.server_pid);
       report_.own_cpu_s += sign * cpu_seconds(0);
     });
   }
@@ -500,12 +529,17 @@ class TraincoordLoad {
       while (!sleepers_.empty() && sleepers_.top().first <= now) {
         SimWorker* w = sleepers_.top().second;
         sleepers_.pop();
-        w->trained();
+        w->woken();
       }
       if (!sleepers_.empty()) wake_at(sleepers_.top().first);
     });
   }
 };
+
+Clock::time_point SimWorker::heartbeat_at() const {
+  if (load_.heartbeat_timer()) return next_heartbeat_;
+  return held_.empty() ? Clock::time_point::max() : renewed_at_ + heartbeat_interval_;
+}
 
 void SimWorker::start(const tcp::endpoint& endpoint) {
   socket_.async_connect(endpoint, [this](boost::system::error_code ec) {
@@ -604,6 +638,10 @@ bool SimWorker::on_acquire_reply(const rapidjson::Value& reply) {
       take(reply["job"]);
     }
     trained_ = load_.job_ms() <= 0;
+    train_until_ = Clock::time_point::max();
+    // As the clients: renewed when the reply came (the lease's deadline was set when the
+    // server answered, between the request's send and now; see client/held_leases.h).
+    renewed_at_ = Clock::now();
     return true;
   }
   if (state == "finished") {
@@ -648,8 +686,9 @@ void SimWorker::next_request() {
     return;
   }
   const std::string run = "/v1/runs/" + load_.run_name();
-  if (now >= next_heartbeat_) {
+  if (now >= heartbeat_at()) {
     next_heartbeat_ = now + heartbeat_interval_;
+    renewed_at_ = now;
     std::string body = "{\"worker\":" + std::to_string(id_) + ",\"leases\":[";
     for (const Held& h : held_) {
       if (body.back() != '[') body += ',';
@@ -673,13 +712,17 @@ void SimWorker::next_request() {
     return;
   }
   if (!held_.empty() && !trained_) {
-    // Uniform in [0.5, 1.5] x --job-ms per job: real jobs vary, and workers that all started
-    // together drift apart instead of arriving in lockstep waves.
-    double ms = 0;
-    for (size_t i = 0; i < held_.size(); ++i) {
-      ms += load_.job_ms() * std::uniform_real_distribution<double>(0.5, 1.5)(random_);
+    if (train_until_ == Clock::time_point::max()) {
+      // Uniform in [0.5, 1.5] x --job-ms per job: real jobs vary, and workers that all started
+      // together drift apart instead of arriving in lockstep waves.
+      double ms = 0;
+      for (size_t i = 0; i < held_.size(); ++i) {
+        ms += load_.job_ms() * std::uniform_real_distribution<double>(0.5, 1.5)(random_);
+      }
+      train_until_ = now + std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
     }
-    load_.sleep(this, now + std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+    // Woken for a heartbeat due while it trains (a job longer than the interval), then again.
+    load_.sleep(this, std::min(train_until_, heartbeat_at()));
     return;
   }
   const std::string jobs = load_.jobs_per_request() > 1
@@ -955,6 +998,10 @@ int main(int argc, char** argv) {
   tc->add_option("--jobs-per-request", args.jobs_per_request,
                  "jobs each request completes and takes (\"jobs\": N, \"completions\")")
       ->check(CLI::Range(1, 64));
+  tc->add_option("--heartbeats", args.heartbeats,
+                 "needed: a heartbeat only when a held lease went the interval unrenewed (as the "
+                 "clients); timer: one every interval (the clients before issue 22)")
+      ->check(CLI::IsMember({"needed", "timer"}));
   common(tc);
   CLI::App* rd = app.add_subcommand("redis", "against Redis, as a reliable job queue");
   rd->add_option("--port", args.redis_port, "Redis on 127.0.0.1:PORT");

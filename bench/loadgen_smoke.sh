@@ -25,6 +25,12 @@ url="$(grep -o 'http://127.0.0.1:[0-9]*' "$dir/serve.out")"
 # Several jobs per request ("jobs": N, "completions"), with training time and heartbeats.
 "$loadgen" traincoord --url "$url" --workers 16 --seconds 1.5 --warmup 0.3 --train-batches 500 \
   --jobs-per-request 3 --job-ms 5 --lease-timeout 1.5
+# Heartbeats: every interval (as before issue 22), and only when needed on jobs longer than the
+# interval (0.5 s here), so that a worker heartbeats while it trains and keeps its lease.
+"$loadgen" traincoord --url "$url" --workers 16 --seconds 1 --warmup 0.3 --train-batches 500 \
+  --job-ms 5 --lease-timeout 1.5 --heartbeats timer
+"$loadgen" traincoord --url "$url" --workers 16 --seconds 2 --warmup 0.3 --train-batches 500 \
+  --job-ms 1000 --lease-timeout 1.5 --heartbeats needed
 
 if command -v redis-server > /dev/null; then
   port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

@@ -643,7 +643,7 @@ class Run:
         self._coordinators = _Coordinators(urls)
         self._conn = self._channel()
         self._lock = threading.Lock()
-        self._held: set[int] = set()
+        self._held = _HeldLeases()
         self._current: Job | None = None
         self.finished: Finished | None = None
         self.id = -1
@@ -1016,7 +1016,7 @@ class Run:
                 job.steps = _field(j, "steps", "int")
                 job.loss_scale = float(_field(j, "loss_scale", "number"))
             with self._lock:
-                self._held.add(job.lease)
+                self._held.hold(job.lease, time.monotonic())
             return job
         if status == "finished":
             self.finished = Finished(_field(reply, "state", "str"), _field(reply, "reason", "str"))
@@ -1028,7 +1028,7 @@ class Run:
 
     def _drop(self, lease: int) -> None:
         with self._lock:
-            self._held.discard(lease)
+            self._held.drop(lease)
 
     def _complete(self, job: Job, next_job: bool = False, wait: bool = True) -> Job | None:
         self._drop(job.lease)
@@ -1207,10 +1207,24 @@ class Run:
     def _heartbeat_loop(self) -> None:
         # Connections of its own; each heartbeat follows the leader as a call does, within one
         # round over the coordinators, so that leases stay alive across a failover.
+        # A heartbeat goes out only when a held lease has gone the interval without being renewed
+        # (_HeldLeases): a worker whose jobs take less than the interval sends none.
         conn = self._channel()
-        while not self._stop.wait(self.heartbeat_interval):
+        while True:
             with self._lock:
-                leases = sorted(self._held)
+                due = self._held.due(self.heartbeat_interval)
+            now = time.monotonic()
+            # Looks again at least every interval (a lease held meanwhile is due after that).
+            wait = self.heartbeat_interval if due is None else min(max(due - now, 0.0),
+                                                                   self.heartbeat_interval)
+            if self._stop.wait(wait):
+                break
+            with self._lock:
+                now = time.monotonic()
+                due = self._held.due(self.heartbeat_interval)
+                if due is None or due > now:
+                    continue  # nothing held, or renewed since
+                leases = sorted(self._held.renew_all(now))
             try:
                 body: dict[str, Any] = {"worker": self.id, "leases": leases}
                 if self.group:
@@ -1221,6 +1235,43 @@ class Run:
             except (OSError, http.client.HTTPException, CoordinatorError):
                 pass  # the next heartbeat may get through in time
         conn.close()
+
+
+class _HeldLeases:
+    """The leases a worker knows it holds, each with when it was last renewed (handed out, or
+    listed in a heartbeat that went out), and when a heartbeat is due: an interval after the
+    oldest renewal, not every interval whatever the worker did. A worker on jobs shorter than the
+    interval gets each lease fresh with its job and sends no heartbeat at all, so that heartbeats
+    no longer grow the coordinator's work with the number of workers (docs/PERFORMANCE.md,
+    "Many workers"). Pure: the caller gives the time (seconds) and holds the run's lock."""
+
+    def __init__(self) -> None:
+        self._renewed: dict[int, float] = {}
+
+    def hold(self, lease: int, now: float) -> None:
+        self._renewed[lease] = now
+
+    def drop(self, lease: int) -> None:
+        self._renewed.pop(lease, None)
+
+    def clear(self) -> None:
+        self._renewed.clear()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._renewed)
+
+    def __len__(self) -> int:
+        return len(self._renewed)
+
+    def due(self, interval: float) -> float | None:
+        """When the next heartbeat is due; None while no lease is held."""
+        return min(self._renewed.values()) + interval if self._renewed else None
+
+    def renew_all(self, now: float) -> list[int]:
+        """A heartbeat goes out at `now`: every held lease is listed and renewed."""
+        for lease in self._renewed:
+            self._renewed[lease] = now
+        return list(self._renewed)
 
 
 class JobFeed:

@@ -24,6 +24,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "client/held_leases.h"
 #include "client/reply.h"
 #include "client/wire.h"
 #include "json/json_writer.h"
@@ -566,21 +567,20 @@ struct Worker::Heartbeats {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
-  std::vector<uint64_t> held;  // the leases this worker knows it holds
+  HeldLeases<> held;  // the leases this worker knows it holds, and when each was renewed
   std::thread thread;
 };
 
 void Worker::hold(uint64_t lease) {
   if (!heartbeats_) return;
   std::lock_guard lock(heartbeats_->mu);
-  heartbeats_->held.push_back(lease);
+  heartbeats_->held.hold(lease, std::chrono::steady_clock::now());
 }
 
 void Worker::drop(uint64_t lease) {
   if (!heartbeats_) return;
   std::lock_guard lock(heartbeats_->mu);
-  auto& held = heartbeats_->held;
-  held.erase(std::remove(held.begin(), held.end(), lease), held.end());
+  heartbeats_->held.drop(lease);
 }
 
 Worker::Worker(Options options) : options_(std::move(options)) {}
@@ -1143,16 +1143,25 @@ std::optional<uint64_t> Worker::latest_cut() const {
 
 // Heartbeats go over connections of their own, so they are never stuck behind a long poll. Each
 // follows the leader as a call does, within one round over the coordinators (a not_leader naming
-// the leader is followed at once), so that leases stay alive across a failover.
+// the leader is followed at once), so that leases stay alive across a failover. A heartbeat goes
+// out only when a held lease has gone the interval without being renewed (HeldLeases): a worker
+// whose jobs take less than the interval gets every lease fresh and sends none.
 void Worker::heartbeat_loop() {
   auto channel = make_channel();
   const std::string target = "/v1/runs/" + options_.run + "/heartbeat";
   std::unique_lock lock(heartbeats_->mu);
-  while (
-      !heartbeats_->cv.wait_for(lock, heartbeat_interval_, [this] { return heartbeats_->stop; })) {
+  for (;;) {
+    // Looks again at least every interval (a lease held meanwhile is due an interval after).
+    const auto now = std::chrono::steady_clock::now();
+    const auto due = heartbeats_->held.due(heartbeat_interval_).value_or(now + heartbeat_interval_);
+    if (heartbeats_->cv.wait_until(lock, due, [this] { return heartbeats_->stop; })) break;
+    const auto at = std::chrono::steady_clock::now();
+    if (heartbeats_->held.due(heartbeat_interval_).value_or(at + heartbeat_interval_) > at) {
+      continue;  // nothing held, or renewed since (a lease dropped, another held)
+    }
     JsonWriter j;
     wire::begin_request(j, id_.load(), options_.group).key("leases").begin_array();
-    for (uint64_t lease : heartbeats_->held) j.value(lease);
+    for (uint64_t lease : heartbeats_->held.renew_all(at)) j.value(lease);
     j.end_array().end_object();
     lock.unlock();
     // A failed heartbeat is not fatal: the next one may reach the coordinator in time.

@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/request_framing.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -608,6 +609,9 @@ class HttpServer::Impl::Session : public Deadlined,
                                 self->read();
                               });
     } else {
+      // Reads and writes are tried at once, without blocking, before waiting (read_ready).
+      beast::error_code ignored;
+      stream_.non_blocking(true, ignored);
       read();
     }
   }
@@ -644,6 +648,13 @@ class HttpServer::Impl::Session : public Deadlined,
   // instead of Beast's composed operations. With the reply written by hand (below), measured:
   // server CPU per request 27–36 → 21–26 µs (bench/loadgen, docs/PERFORMANCE.md).
   void read_more(bool first) {
+    if constexpr (!kTls) {
+      if (buffer_.size() == 0) {
+        if (buffer_.capacity() != 0) buffer_.shrink_to_fit();  // (freed: nothing kept in it)
+        read_ready(first);
+        return;
+      }
+    }
     stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this(), first](
                                                        beast::error_code ec, size_t n) {
       if (ec) {
@@ -654,6 +665,52 @@ class HttpServer::Impl::Session : public Deadlined,
       if (first) self->begin_request();
       self->parse();
     });
+  }
+
+  // Plain HTTP: what the socket has is read into the I/O thread's buffer and parsed from there,
+  // and only bytes the parser leaves (a header cut short, the start of a pipelined request) are
+  // copied into the connection's own buffer_. So a connection waiting for its next request, or
+  // for the engine's answer, holds no buffer: that was 4 KiB of the 5.4 KiB a connection cost
+  // (docs/PERFORMANCE.md, "Many workers"). With nothing to read yet, it waits for the socket
+  // to become readable and tries again. (The read comes first and the wait is queued in the same
+  // handler: on the connection's one I/O thread no epoll_wait runs in between, so the edge of
+  // bytes that arrive after the read is still to be reported.)
+  void read_ready(bool first) {
+    static thread_local std::array<char, 64 << 10> scratch;
+    beast::error_code ec;
+    const size_t n = stream_.read_some(asio::buffer(scratch), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      stream_.async_wait(tcp::socket::wait_read,
+                         [self = this->shared_from_this(), first](beast::error_code waited) {
+                           if (waited) {
+                             self->close();  // closed, or timed out (the sweeper dropped it)
+                             return;
+                           }
+                           self->read_ready(first);
+                         });
+      return;
+    }
+    if (ec) {
+      close();  // closed or reset: nothing to answer
+      return;
+    }
+    if (first) begin_request();
+    asio::const_buffer rest(scratch.data(), n);
+    while (rest.size() > 0 && !parser_->is_done()) {
+      const size_t used = parser_->put(rest, ec);
+      rest += used;
+      if ((!ec || ec == http::error::need_more) && framing_due() && !framing_sound()) return;
+      if (ec == http::error::need_more || (!ec && used == 0)) {
+        if (used == 0) break;  // a header cut short: kept below until the rest comes
+        continue;
+      }
+      if (ec) {
+        on_read(ec);
+        return;
+      }
+    }
+    if (rest.size() > 0) buffer_.commit(asio::buffer_copy(buffer_.prepare(rest.size()), rest));
+    parse();  // the request when it is whole; else reads on
   }
 
   void parse() {
@@ -749,6 +806,11 @@ class HttpServer::Impl::Session : public Deadlined,
   // header set is fixed and small, and the serializer's buffer sequences were a visible part of
   // the profile (see read_more for the figure).
   void write(HttpReply reply) {
+    // Plain HTTP: written into the I/O thread's buffer and sent at once without blocking; only
+    // what the socket would not take now is copied into out_ and written when it can be. So a
+    // connection between replies keeps no reply buffer.
+    static thread_local std::string scratch;
+    std::string& out_ = kTls ? this->out_ : scratch;
     const auto status = static_cast<http::status>(reply.status);
     out_.clear();
     out_ += "HTTP/1.1 ";
@@ -768,14 +830,40 @@ class HttpServer::Impl::Session : public Deadlined,
     out_ += "\r\n\r\n";
     out_ += reply.body;
     deadline_in(server_.options().read_timeout_s);  // a client that does not read its reply
-    asio::async_write(stream_, asio::buffer(out_),
+    if constexpr (!kTls) {
+      beast::error_code ec;
+      size_t sent = stream_.write_some(asio::buffer(out_), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        ec = {};
+        sent = 0;
+      }
+      if (ec) {
+        close();
+        return;
+      }
+      if (sent == out_.size()) {
+        written();
+        return;
+      }
+      this->out_.assign(out_, sent);
+    }
+    asio::async_write(stream_, asio::buffer(this->out_),
                       [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                        if (ec || !self->keep_alive_) {
+                        if (ec) {
                           self->close();
-                        } else {
-                          self->read();
+                          return;
                         }
+                        if constexpr (!kTls) std::string().swap(self->out_);  // (freed)
+                        self->written();
                       });
+  }
+
+  void written() {
+    if (!keep_alive_) {
+      close();
+    } else {
+      read();
+    }
   }
 
   auto& lowest() { return beast::get_lowest_layer(stream_); }
@@ -810,7 +898,7 @@ class HttpServer::Impl::Session : public Deadlined,
   TimePoint deadline_ = TimePoint::max();
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::string out_;  // the reply being written
+  std::string out_;  // the reply being written (plain HTTP: what the socket did not take at once)
   bool keep_alive_ = true;
   bool handshaken_ = false;
   bool framing_checked_ = false;  // of the request being read
