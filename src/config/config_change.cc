@@ -56,6 +56,7 @@ Result<std::unique_ptr<Run>> apply_config_change(const Run& run, RunConfig given
                                                  const Clock& clock) {
   auto updated = RunCodec::load(std::move(given), RunCodec::save(run), clock);
   if (!updated) return updated;
+  (*updated)->keep_views_of(run);
   (*updated)->note_config_change(std::move(how));
   return updated;
 }

@@ -28,9 +28,9 @@ struct ConfigChange {
 ConfigChange check_config_change(const RunConfig& given, const Run& run, std::string_view where,
                                  bool apply);
 
-// `run` under `given`, its state carried over (RunCodec), with a `config_changed` event saying
-// `how` ("changed by --apply-config-changes: schedule.epochs"). REQUIRES: check_config_change
-// allowed it.
+// `run` under `given`, its state carried over (RunCodec) and what it shows too (its recent
+// events and completions), with a `config_changed` event saying `how` ("changed by
+// --apply-config-changes: schedule.epochs"). REQUIRES: check_config_change allowed it.
 Result<std::unique_ptr<Run>> apply_config_change(const Run& run, RunConfig given, std::string how,
                                                  const Clock& clock);
 

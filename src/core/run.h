@@ -338,6 +338,13 @@ class Run {
   int64_t opened_train_end() const;
   // Says, as a config_changed event, what --apply-config-changes changed in this run.
   void note_config_change(std::string what) { emit(EventKind::kConfigChanged, std::move(what)); }
+  // Takes what `before` shows but does not save (its recent events and completions): for a run
+  // loaded from before's saved state under a changed config while it is served, so that the
+  // change does not look like a restart. Nothing it decides reads them.
+  void keep_views_of(const Run& before) {
+    events_ = before.events_;
+    recent_ = before.recent_;
+  }
   // How many events were ever emitted (they are numbered from 1): a call that moves it did
   // something (a lease expired, an epoch opened, a worker joined, ...).
   uint64_t event_seq() const { return event_seq_; }

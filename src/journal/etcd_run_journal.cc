@@ -219,8 +219,7 @@ Result<RunCopy> EtcdRunElection::read(const std::string& run) {
       return failed_precondition(where + ": its snapshot key is damaged");
     // (" Z" after BYTES: the chunks hold the state deflated, as pack_records writes it)
     char packed = 0;
-    std::sscanf(snap->kvs[0].value.c_str(),
-                "%*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %*" SCNd64 " %c", &packed);
+    std::sscanf(snap->kvs[0].value.c_str(), "%*s %*s %*s %*s %*s %c", &packed);
     auto parts = range_all(*client_, key("chunk", run) + "/" + pad20(gen) + "/");
     if (!parts) return tl::unexpected(parts.error());
     std::string state;
@@ -683,17 +682,33 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
         ops.push_back(std::move(op));
         return {};
       };
+      // Ops that must land in one txn (a changed config and the snapshot under it): after what
+      // is gathered, in a txn of their own when they would not fit beside it.
+      auto add_together = [&](std::vector<etcd::Operation> together) -> Result<void> {
+        size_t size = 0;
+        for (const etcd::Operation& op : together) size += op.key.size() + op.value.size();
+        if (!ops.empty() &&
+            (ops.size() + together.size() >= kMaxOps || bytes + size > options_.txn_bytes)) {
+          if (auto r = flush(); !r) return r;
+        }
+        bytes += size;
+        for (etcd::Operation& op : together) ops.push_back(std::move(op));
+        return {};
+      };
+      std::optional<etcd::Operation> config;
       if (part.config) {
         const SavedRun& c = *part.config;
-        if (auto r =
-                add({etcd::Operation::Kind::kPut,
-                     key("config", part.run),
-                     c.config_format + "\n" + std::to_string(c.created_ms) + "\n" + c.config_text,
-                     {},
-                     0,
-                     0});
-            !r)
-          return r;
+        config = etcd::Operation{
+            etcd::Operation::Kind::kPut,
+            key("config", part.run),
+            c.config_format + "\n" + std::to_string(c.created_ms) + "\n" + c.config_text,
+            {},
+            0,
+            0};
+        // (without a snapshot, which take() always adds unless the run is gone: alone)
+        if (!part.snapshot) {
+          if (auto r = add_together({std::move(*config)}); !r) return r;
+        }
       }
       // The records (those the snapshot of this batch covers are not written: etcd refuses a
       // txn that writes a key and deletes it).
@@ -733,20 +748,20 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
         char meta[128];
         std::snprintf(meta, sizeof meta, "%" PRId64 " %" PRId64 " %" PRId64 " %zu %zu Z", snap.seq,
                       static_cast<int64_t>(snap.time), *gen, count, stored.size());
-        if (auto r = add({etcd::Operation::Kind::kPut, key("snap", part.run), meta, {}, 0, 0}); !r)
-          return r;
-        if (auto r = add({etcd::Operation::Kind::kDeleteRange,
-                          key("log", part.run) + "/",
-                          {},
-                          key("log", part.run) + "/" + pad20(snap.seq + 1),
-                          0,
-                          0});
-            !r)
-          return r;
-        if (auto r =
-                add({etcd::Operation::Kind::kDeleteRange, chunks, {}, chunks + pad20(*gen), 0, 0});
-            !r)
-          return r;
+        // The snapshot's head, and a changed config with it: one txn, so that no leader ever
+        // reads the new config over the old snapshot and log (or the reverse).
+        std::vector<etcd::Operation> together;
+        if (config) together.push_back(std::move(*config));
+        together.push_back({etcd::Operation::Kind::kPut, key("snap", part.run), meta, {}, 0, 0});
+        together.push_back({etcd::Operation::Kind::kDeleteRange,
+                            key("log", part.run) + "/",
+                            {},
+                            key("log", part.run) + "/" + pad20(snap.seq + 1),
+                            0,
+                            0});
+        together.push_back(
+            {etcd::Operation::Kind::kDeleteRange, chunks, {}, chunks + pad20(*gen), 0, 0});
+        if (auto r = add_together(std::move(together)); !r) return r;
       }
       return flush();
     }();

@@ -464,7 +464,7 @@ Result<std::vector<Completed>> Api::complete_all(Run& run, WorkerId worker,
 
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
   effect_ = Effect::kNone;
-  idle_acquire_ = false;
+  changed_nothing_ = false;
   journal_body_.clear();
   const std::string_view name = run_of(request.target);
   if (request.method != "POST" || name.empty()) return route(request);
@@ -476,7 +476,7 @@ std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
   const bool evented = (*after)->event_seq() != events || !before;
   const auto* reply = std::get_if<HttpReply>(&result);
   const bool accepted = !reply || (reply->status >= 200 && reply->status < 300);
-  if (accepted && !(idle_acquire_ && !evented)) {
+  if (accepted && !(changed_nothing_ && !evented)) {
     effect_ = Effect::kChanged;
   } else if (evented) {
     effect_ = accepted ? Effect::kChanged : Effect::kExpiredOnly;
@@ -1067,6 +1067,31 @@ Api::Request::Reply Api::Request::cancel(Request& r) {
   return ok(j);
 }
 
+namespace {
+
+// The most levels a run config nests (tables, and the arrays of [lengths]), with room to spare.
+constexpr size_t kMaxConfigDepth = 8;
+
+// How deeply `v` nests (a scalar: 0), measured without recursion.
+size_t nesting_depth(const rapidjson::Value& v) {
+  size_t deepest = 0;
+  std::vector<std::pair<const rapidjson::Value*, size_t>> open{{&v, 0}};
+  while (!open.empty()) {
+    auto [at, depth] = open.back();
+    open.pop_back();
+    deepest = std::max(deepest, depth);
+    if (deepest > kMaxConfigDepth) return deepest;
+    if (at->IsObject()) {
+      for (const auto& m : at->GetObject()) open.emplace_back(&m.value, depth + 1);
+    } else if (at->IsArray()) {
+      for (const auto& item : at->GetArray()) open.emplace_back(&item, depth + 1);
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
 // A started run's config replaced by a new one (docs/API.md "Changing a started run's
 // config"), with the rules of --apply-config-changes (config/config_change.h): the run is saved
 // and loaded under it, as at a restart with the flag, and the journal writes the new config with
@@ -1098,6 +1123,13 @@ Api::Request::Reply Api::Request::change_config(Request& r) {
       return error_reply(400, "invalid_argument", "config must be a JSON object: a run config",
                          "config");
     }
+    // (measured without recursion before Accept, which recurses: a body may nest any depth)
+    if (nesting_depth(*object) > kMaxConfigDepth) {
+      return error_reply(400, "invalid_argument",
+                         "config: nested too deeply for a run config (at most " +
+                             std::to_string(kMaxConfigDepth) + " levels)",
+                         "config");
+    }
     rapidjson::StringBuffer out;
     rapidjson::Writer<rapidjson::StringBuffer> writer(out);
     object->Accept(writer);
@@ -1117,6 +1149,7 @@ Api::Request::Reply Api::Request::change_config(Request& r) {
   std::string fields;
   for (const std::string& f : check.changed) fields += (fields.empty() ? "" : ", ") + f;
   const bool apply = !dry_run && !check.changed.empty();
+  r.api.changed_nothing_ = !apply;  // (a dry run or no change: nothing to journal)
   if (apply) {
     TC_TRY_ASSIGN(updated, apply_config_change(*r.run, std::move(*given),
                                                "changed through the API: " + fields, r.api.clock_));
@@ -1577,7 +1610,7 @@ Api::Request::Reply Api::Request::acquire_or_complete(Request& r, bool complete)
                                static_cast<uint32_t>(std::max<uint64_t>(acquiring.max_jobs, 1))));
   // A plain acquire that found nothing changed nothing but its worker's "last seen" (which
   // the journal does not keep), unless an event says otherwise (see handle()).
-  r.api.idle_acquire_ = !complete && a.status != AcquireStatus::kJob && same_request;
+  r.api.changed_nothing_ = !complete && a.status != AcquireStatus::kJob && same_request;
   if (a.status == AcquireStatus::kWait && acquiring.deadline > r.now) {
     if (complete) acquiring.epochs_opened = r.run->epochs().size();
     if (acquiring.epochs_opened == r.run->epochs().size()) return acquiring;

@@ -187,9 +187,10 @@ class Api {
   Effect effect_ = Effect::kNone;
   std::string journal_body_;
   std::string retried_as_acquire_;
-  // Set by an acquire that found nothing and left its worker's request bookkeeping as it was:
-  // unless an event was emitted on the way, it changed nothing.
-  bool idle_acquire_ = false;
+  // Set by a request that changed nothing though it was answered 2xx (an acquire that found
+  // nothing and left its worker's request bookkeeping as it was; a config change that was a dry
+  // run or no change): unless an event was emitted on the way, the journal keeps nothing of it.
+  bool changed_nothing_ = false;
   struct ParseArena;
   std::unique_ptr<ParseArena> arena_;  // request bodies are parsed into it (api.cc)
 };

@@ -976,5 +976,40 @@ TEST_F(ApiTest, AConfigChangeARunCannotTakeIsRefusedAndChangesNothing) {
   EXPECT_EQ(reply("POST", "/v1/runs/nope/config", toml_body(with_epochs(2))).status, 404);
 }
 
+// A "config" object nested deeply (the body parse is iterative and allows any depth)
+// is refused, not re-serialized by a recursive Accept that overflows the stack (it was:
+// `serve` exited 139 on {"config":{"a":[[[...400000...]]]}}; found by review).
+TEST_F(ApiTest, ADeeplyNestedConfigObjectIsRefusedNotACrash) {
+  const size_t n = 400000;
+  const std::string body = R"({"config":{"a":)" + std::string(n, '[') + std::string(n, ']') + "}}";
+  EXPECT_EQ(reply("POST", "/v1/runs/r/config", body).status, 400);
+}
+
+// A dry run, and a config equal to the run's, change nothing, so the journal keeps
+// nothing of them (DURABILITY.md: "nothing of a request that changed nothing"), not their
+// bodies (up to 1 MiB each) until the next snapshot.
+TEST_F(ApiTest, ADryRunOrANoOpConfigChangeIsNotJournalled) {
+  std::string dry = toml_body(with_epochs(3));
+  dry.insert(dry.size() - 1, R"(, "dry_run": true)");
+  EXPECT_EQ(reply("POST", "/v1/runs/r/config", dry).status, 200);
+  EXPECT_EQ(api_.effect(), Effect::kNone);
+  EXPECT_EQ(reply("POST", "/v1/runs/r/config", toml_body(with_epochs(1))).status, 200);
+  EXPECT_EQ(api_.effect(), Effect::kNone);
+}
+
+// A live change keeps what the run showed (its events, its recent jobs), which a RunCodec
+// round trip alone drops (they are not saved): it must not look like a restart.
+TEST_F(ApiTest, ALiveChangeKeepsTheRunsEventsAndRecentJobs) {
+  json("POST", "/v1/runs/r/workers", R"({"name": "w"})");
+  json("POST", "/v1/runs/r/acquire", R"({"worker": 0})");
+  json("POST", "/v1/runs/r/complete", R"({"worker": 0, "lease": 1, "loss": 0.5})");
+  const size_t events = json("GET", "/v1/runs/r")["events"].Size();
+  ASSERT_GE(events, 2u);
+  ASSERT_EQ(json("GET", "/v1/runs/r/history")["jobs"].Size(), 1u);
+  json("POST", "/v1/runs/r/config", toml_body(with_epochs(3)));
+  EXPECT_EQ(json("GET", "/v1/runs/r")["events"].Size(), events + 1);
+  EXPECT_EQ(json("GET", "/v1/runs/r/history")["jobs"].Size(), 1u);
+}
+
 }  // namespace
 }  // namespace traincoord

@@ -538,5 +538,36 @@ TEST(EtcdRunJournal, CompactionKeepsEtcdStorageBoundedOverALongRun) {
   EXPECT_NE(old.error().message.find("compacted"), std::string::npos) << old.error().message;
 }
 
+// A live config change is written with its snapshot in one txn, however large the config. (It
+// was not, found by review: a config past txn_bytes went in a txn of its own, and a crash or a
+// lost leadership before the next left etcd with the new config over the old snapshot and
+// records, which the next leader would replay under it.)
+TEST(EtcdRunJournal, ALiveConfigChangeAndItsSnapshotAreOneTxn) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  auto options = options_of(cluster);
+  options.txn_bytes = 2000;
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x")).status, 201);
+  std::string toml =
+      "name = \"x\"\n[data]\ntrain_batches = 40\ndev_batches = 3\n[schedule]\nepochs = 4\n"
+      "iters_per_worker = 1\n[leases]\ntimeout = 5.0\nmax_attempts = 100\n"
+      "on_job_failure = \"skip\"\n[early_stop]\nrule = \"none\"\n# " +
+      std::string(3000, 'x') + "\n";
+  std::string escaped;
+  for (char c : toml)
+    escaped += c == '\n' ? std::string("\\n") : c == '"' ? "\\\"" : std::string(1, c);
+  const HttpReply r = a.post("/v1/runs/x/config", R"({"toml": ")" + escaped + R"("})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  etcd::Client client({{cluster.endpoint(0)}, std::chrono::milliseconds(2000)});
+  auto config = client.range("/rt/config/x");
+  auto snap = client.range("/rt/snap/x");
+  ASSERT_TRUE(config && snap);
+  ASSERT_EQ(config->kvs.size(), 1u);
+  ASSERT_EQ(snap->kvs.size(), 1u);
+  EXPECT_EQ(config->kvs[0].mod_revision, snap->kvs[0].mod_revision);
+}
+
 }  // namespace
 }  // namespace traincoord
