@@ -152,7 +152,7 @@ TEST_F(HistoryViewTest, AHistoryEpochRowCarriesItsSamplesAndDuration) {
   EXPECT_NE(lines.body.find(R"("samples":8,"duration_s":3.0})"), std::string::npos) << lines.body;
   EXPECT_NE(lines.body.find(R"("samples":0,"duration_s":null})"), std::string::npos) << lines.body;
   auto csv = std::get<HttpReply>(api_.handle({"GET", "/v1/runs/h/history?format=csv", "", {}}));
-  EXPECT_EQ(csv.body.substr(0, csv.body.find("job,")),
+  EXPECT_EQ(csv.body.substr(0, csv.body.find("\r\njob,") + 2),
             "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,"
             "duration_s\r\n"
             "epoch,train,0,,true,0.5,2,2,0,,1970-01-01T00:01:00.000Z,60000,8,3\r\n"

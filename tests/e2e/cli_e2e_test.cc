@@ -236,7 +236,9 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
       EXPECT_EQ(d["samples"].GetUint64(), 4u) << line;
       EXPECT_TRUE(d["duration_s"].IsNumber() && d["duration_s"].GetDouble() >= 0) << line;
     }
-    if (n == 1) EXPECT_TRUE(d["duration_s"].IsNull()) << "dev 0 is open: " << line;
+    if (n == 1) {
+      EXPECT_TRUE(d["duration_s"].IsNull()) << "dev 0 is open: " << line;
+    }
     if (n >= 2) {
       EXPECT_STREQ(d["worker"].GetString(), "a") << line;
       EXPECT_TRUE(d["time"].IsString() && d["time_ms"].IsInt64()) << line;
