@@ -477,8 +477,8 @@ test("a step-mode run: the steps panel shows the server's steps, cost model and 
 
 // Comparing runs: three runs on one coordinator trained through the API, of different lengths
 // and losses; B reports a metric ("bleu") that A does not. The page opened on
-// /?run=A&compare=B,nosuch draws B beside A on every chart (loss per epoch, each metric per
-// epoch, each series over the whole run), point for point as the server's replies hold them,
+// /?run=A&compare=B,nosuch draws B beside A on every chart (loss per epoch, samples/s per
+// epoch, each metric per epoch, each series over the whole run), point for point as the server's replies hold them,
 // and says that "nosuch" cannot be fetched; while B trains on, each poll asks only for B's newer
 // points and open epochs; and the checkboxes beside the runs pick and drop runs, in the URL too.
 const COMPARE_RUN = (name) => ({ name, data: { train_batches: 2, dev_batches: 1 }, schedule: { epochs: 100 } });
@@ -500,7 +500,7 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
     };
     for (const name of ["B", "C"]) await api("/v1/runs", COMPARE_RUN(name));
     // One worker a run, one job at a time: completion n of run A has loss 1 / n, of B 2 / n + 0.5
-    // and a bleu of n / 100, of C 3 / n; each reports its accuracy.
+    // and a bleu of n / 100, of C 3 / n; each reports its accuracy, and 32 samples.
     const workers = {};
     const train = async (run, count) => {
       if (!workers[run]) {
@@ -512,7 +512,7 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
         const n = ++w.n;
         const loss = run === "A" ? 1 / n : run === "B" ? 2 / n + 0.5 : 3 / n;
         const metrics = { accuracy: 1 - loss / 4, ...(run === "B" ? { bleu: n / 100 } : {}) };
-        const r = await api(`/v1/runs/${run}/complete`, { worker: w.worker, lease: w.lease, loss, metrics, next: true });
+        const r = await api(`/v1/runs/${run}/complete`, { worker: w.worker, lease: w.lease, loss, samples: 32, metrics, next: true });
         assert.equal(r.outcome, "accepted");
         assert.equal(r.next.status, "job");
         w.lease = r.next.job.lease;
