@@ -14,6 +14,7 @@ const state = {
   compare: [...new Set((query.get("compare") || "").split(",").filter(Boolean))],
   epochChart: null,
   jobChart: null,
+  throughputChart: null,     // samples/s per epoch
   metricCharts: new Map(),   // metric name → its chart
   seriesCharts: new Map(),   // series name → its chart over the whole run
   samples: new Map(),        // worker id → [{t, jobs}] over the last RATE_WINDOW_MS
@@ -154,7 +155,21 @@ function drawEpochs(runs, status) {
     ["train", "dev"].map((set) => perEpoch(r.history, epochs, set, (e) => shown(e.loss))))]);
   el.dataset.points = String(history.epochs.filter((e) => e.closed).length);
   el.dataset.scale = state.logScale ? "log" : "linear";
+  drawThroughput(runs, epochs);
   drawMetrics(runs, epochs);
+}
+
+// An epoch's throughput: its samples over the time it was open (closed epochs; none when it
+// opened and closed within a millisecond, or from a coordinator whose history lacks them).
+const samplesPerS = (e) => (e.duration_s > 0 && typeof e.samples === "number" ? e.samples / e.duration_s : null);
+
+// Samples/s per closed epoch, train and dev, of every run drawn (docs/OBSERVABILITY.md).
+function drawThroughput(runs, epochs) {
+  const el = $("throughput-chart");
+  state.throughputChart = chart(el, `throughput|${runsKey(runs)}`,
+    lines(runs, { width: 2, points: { show: true } }), { xName: "epoch" }, state.throughputChart);
+  state.throughputChart.setData([epochs, ...runs.flatMap((r) =>
+    ["train", "dev"].map((set) => perEpoch(r.history, epochs, set, samplesPerS)))]);
 }
 
 // A chart per metric the workers report (train and dev, per closed epoch), of any run drawn.

@@ -443,14 +443,15 @@ TEST_F(ApiTest, HistoryComesAsCsvAndJsonLines) {
   EXPECT_EQ(csv.status, 200);
   EXPECT_EQ(csv.content_type, "text/csv; charset=utf-8");
   EXPECT_EQ(csv.body,
-            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,"
-            "metric.accuracy,\"metric.top,1\"\r\n"
-            "epoch,train,0,,true,2.5,4,4,1000,,2027-01-15T07:59:59.123Z,1799999999123,0.5,0.25\r\n"
-            "epoch,dev,0,,false,,0,2,,,,,,\r\n"
-            "job,train,0,0,,1,,,4000,a,2027-01-15T07:59:56.123Z,1799999996123,,\r\n"
-            "job,train,0,1,,2,,,3000,b,2027-01-15T07:59:57.123Z,1799999997123,,\r\n"
-            "job,train,0,2,,3,,,2000,a,2027-01-15T07:59:58.123Z,1799999998123,,\r\n"
-            "job,train,0,3,,4,,,1000,b,2027-01-15T07:59:59.123Z,1799999999123,,\r\n");
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,"
+            "duration_s,metric.accuracy,\"metric.top,1\"\r\n"
+            "epoch,train,0,,true,2.5,4,4,1000,,2027-01-15T07:59:59.123Z,1799999999123,4,3,0.5,"
+            "0.25\r\n"
+            "epoch,dev,0,,false,,0,2,,,,,0,,,\r\n"
+            "job,train,0,0,,1,,,4000,a,2027-01-15T07:59:56.123Z,1799999996123,,,,\r\n"
+            "job,train,0,1,,2,,,3000,b,2027-01-15T07:59:57.123Z,1799999997123,,,,\r\n"
+            "job,train,0,2,,3,,,2000,a,2027-01-15T07:59:58.123Z,1799999998123,,,,\r\n"
+            "job,train,0,3,,4,,,1000,b,2027-01-15T07:59:59.123Z,1799999999123,,,,\r\n");
 
   const HttpReply lines = reply("GET", "/v1/runs/r/history?x=1&format=jsonl");
   EXPECT_EQ(lines.content_type, "application/x-ndjson");

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/status_view.h"
 #include "server/wall_time.h"
 
 namespace traincoord {
@@ -73,6 +74,13 @@ void write_history_epoch(JsonWriter& j, const Epoch& e, const HistoryPage& page,
     j.null();
   }
   write_time(j, page, now, e.closed_at);
+  // Its samples and how long it was open (null while open): its throughput, samples / duration_s.
+  j.field("samples", e.samples).key("duration_s");
+  if (const std::optional<double> d = epoch_duration_s(e)) {
+    j.value(*d);
+  } else {
+    j.null();
+  }
 }
 
 // The fields of one recent completion of the history (JSON and JSON lines).
@@ -118,7 +126,8 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
       if (std::find(names.begin(), names.end(), ms.name) == names.end()) names.push_back(ms.name);
     }
   }
-  std::string out = "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms";
+  std::string out =
+      "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,duration_s";
   for (const std::string& n : names) {
     out += ',';
     csv_field(out, "metric." + n);
@@ -139,6 +148,8 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
     } else {
       out += ',';
     }
+    out += ',' + std::to_string(e.samples) + ',';
+    if (const std::optional<double> d = epoch_duration_s(e)) out += csv_number(*d);
     for (const std::string& n : names) {
       out += ',';
       const bool has = std::any_of(e.metrics.begin(), e.metrics.end(),
@@ -155,7 +166,7 @@ std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now) {
            ",,," + std::to_string(now - c.time) + ',';
     csv_field(out, worker_name(run, c));
     const int64_t ms = wall_ms(page, now, c.time);
-    out += ',' + iso8601_utc(ms) + ',' + std::to_string(ms);
+    out += ',' + iso8601_utc(ms) + ',' + std::to_string(ms) + ",,";
     out.append(names.size(), ',');
     out += "\r\n";
   }

@@ -27,14 +27,16 @@ struct HistoryPage {
 };
 
 // The history as one JSON object: {"run", "generation", "epochs_total", "epochs_from",
-// "epochs": [...], "jobs_total", "jobs": [...]}.
+// "epochs": [...], "jobs_total", "jobs": [...]}; an epoch carries its `samples` and
+// `duration_s` (status_view.h's epoch_duration_s: null while open).
 void write_history(JsonWriter& j, const Run& run, const HistoryPage& page, TimeMs now);
 // The history as JSON lines: one object a line, each with "kind": "epoch" or "job".
 std::string history_jsonl(const Run& run, const HistoryPage& page, TimeMs now);
 // The history as CSV (RFC 4180): a header, then a row per epoch, then a row per recent
 // completion; the `kind` column says which. One `metric.NAME` column per metric any epoch holds.
 // A job row names its worker; a row's `time` (ISO 8601, UTC) and `time_ms` (since the Unix
-// epoch) say when its completion was counted, or when its epoch closed (empty while open).
+// epoch) say when its completion was counted, or when its epoch closed (empty while open); an
+// epoch row's `samples` and `duration_s` (empty while open) give its throughput.
 std::string history_csv(const Run& run, const HistoryPage& page, TimeMs now);
 
 // The run's series (GET /v1/runs/{run}/series; core/run_series.h, docs/API.md): per set, the

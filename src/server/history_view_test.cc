@@ -79,9 +79,10 @@ TEST_F(HistoryViewTest, ACsvJobRowQuotesAWorkerNameWithAComma) {
   api_.set_wall_clock(&wall);
   auto r = std::get<HttpReply>(api_.handle({"GET", "/v1/runs/h/history?format=csv", "", {}}));
   EXPECT_EQ(r.body,
-            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms\r\n"
-            "epoch,train,0,,false,,1,2,,,,\r\n"
-            "job,train,0,0,,0.5,,,0,\"node 3, gpu 1\",1970-01-01T00:01:00.000Z,60000\r\n");
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,"
+            "duration_s\r\n"
+            "epoch,train,0,,false,,1,2,,,,,0,\r\n"
+            "job,train,0,0,,0.5,,,0,\"node 3, gpu 1\",1970-01-01T00:01:00.000Z,60000,,\r\n");
 }
 
 // An epoch's dates and duration (issue 34): the status and GET .../epochs give when it opened
@@ -92,8 +93,8 @@ TEST_F(HistoryViewTest, AClosedEpochCarriesItsDatesAndDurationInStatusAndMetrics
   for (int lease = 1; lease <= 2; ++lease) {
     ASSERT_EQ(post("/v1/runs/h/acquire", R"({"worker": 0})").status, 200);
     clock_.advance(1'500);
-    auto c = post("/v1/runs/h/complete",
-                  R"({"worker": 0, "loss": 0.5, "lease": )" + std::to_string(lease) + "}");
+    auto c = post("/v1/runs/h/complete", R"({"worker": 0, "loss": 0.5, "samples": 4, "lease": )" +
+                                             std::to_string(lease) + "}");
     ASSERT_EQ(c.status, 200) << c.body;
   }
   clock_.advance(250);
@@ -121,6 +122,41 @@ TEST_F(HistoryViewTest, AClosedEpochCarriesItsDatesAndDurationInStatusAndMetrics
                          "# HELP"),
             std::string::npos)
       << "the train epoch's 3 s, and no dev series while dev 0 is open: " << metrics;
+}
+
+// The history's epoch rows carry each epoch's samples and duration_s (null while open), the
+// same as the status's, so a dashboard charts samples/s per epoch from the history it polls.
+TEST_F(HistoryViewTest, AHistoryEpochRowCarriesItsSamplesAndDuration) {
+  ASSERT_EQ(post("/v1/runs/h/workers", R"({"name": "w"})").status, 200);
+  for (int lease = 1; lease <= 2; ++lease) {
+    ASSERT_EQ(post("/v1/runs/h/acquire", R"({"worker": 0})").status, 200);
+    clock_.advance(1'500);
+    auto c = post("/v1/runs/h/complete", R"({"worker": 0, "loss": 0.5, "samples": 4, "lease": )" +
+                                             std::to_string(lease) + "}");
+    ASSERT_EQ(c.status, 200) << c.body;
+  }
+  ManualClock wall(60'000);
+  api_.set_wall_clock(&wall);
+  auto r = std::get<HttpReply>(api_.handle({"GET", "/v1/runs/h/history", "", {}}));
+  rapidjson::Document d;
+  d.Parse(r.body.c_str());
+  ASSERT_FALSE(d.HasParseError()) << r.body;
+  ASSERT_EQ(d["epochs"].Size(), 2u) << r.body;
+  const auto& train = d["epochs"][0];
+  EXPECT_EQ(train["samples"].GetUint64(), 8u) << r.body;
+  EXPECT_DOUBLE_EQ(train["duration_s"].GetDouble(), 3.0) << r.body;
+  const auto& dev = d["epochs"][1];
+  EXPECT_EQ(dev["samples"].GetUint64(), 0u) << r.body;
+  EXPECT_TRUE(dev["duration_s"].IsNull()) << r.body;
+  auto lines = std::get<HttpReply>(api_.handle({"GET", "/v1/runs/h/history?format=jsonl", "", {}}));
+  EXPECT_NE(lines.body.find(R"("samples":8,"duration_s":3.0})"), std::string::npos) << lines.body;
+  EXPECT_NE(lines.body.find(R"("samples":0,"duration_s":null})"), std::string::npos) << lines.body;
+  auto csv = std::get<HttpReply>(api_.handle({"GET", "/v1/runs/h/history?format=csv", "", {}}));
+  EXPECT_EQ(csv.body.substr(0, csv.body.find("\r\njob,") + 2),
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,"
+            "duration_s\r\n"
+            "epoch,train,0,,true,0.5,2,2,0,,1970-01-01T00:01:00.000Z,60000,8,3\r\n"
+            "epoch,dev,0,,false,,0,1,,,,,0,\r\n");
 }
 
 }  // namespace

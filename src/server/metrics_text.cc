@@ -288,8 +288,7 @@ std::string metrics_text(std::span<const Run* const> runs, TimeMs now, size_t wo
                for (auto it = r.epochs().rbegin(); it != r.epochs().rend(); ++it) {
                  if (it->plan.set != set || !it->closed_at) continue;
                  series("traincoord_run_epoch_duration_seconds",
-                        l + ",set=\"" + std::string(set_name(set)) + "\"",
-                        static_cast<double>(*it->closed_at - it->opened_at) / 1000.0);
+                        l + ",set=\"" + std::string(set_name(set)) + "\"", *epoch_duration_s(*it));
                  break;
                }
              }

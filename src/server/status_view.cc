@@ -157,6 +157,11 @@ Progress progress_of(const Run& run, TimeMs now) {
   return p;
 }
 
+std::optional<double> epoch_duration_s(const Epoch& e) {
+  if (!e.closed_at) return std::nullopt;
+  return static_cast<double>(*e.closed_at - e.opened_at) / 1000.0;
+}
+
 void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms) {
   j.begin_object();
   j.field("set", set_name(e.plan.set));
@@ -214,8 +219,8 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms)
   }
   // From opening to closing, on the coordinator's clock (null while open).
   j.key("duration_s");
-  if (e.closed_at) {
-    j.value(static_cast<double>(*e.closed_at - e.opened_at) / 1000.0);
+  if (const std::optional<double> d = epoch_duration_s(e)) {
+    j.value(*d);
   } else {
     j.null();
   }

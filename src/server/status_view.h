@@ -40,6 +40,9 @@ Progress progress_of(const Run& run, TimeMs now);
 void write_steps(JsonWriter& j, const Run& run);
 // The run's config, as an object.
 void write_config(JsonWriter& j, const RunConfig& c);
+// How long epoch `e` was open, from opening to closing on the coordinator's clock, in seconds;
+// none while it is open. The epochs' `duration_s` (here and in the history).
+std::optional<double> epoch_duration_s(const Epoch& e);
 // One epoch, as an object (the status's "current" and "epochs", GET .../epochs). Its dates
 // ("opened_at", "closed_at": ISO 8601 UTC) are `wall_now_ms`, the wall clock at `now` (ms since
 // the Unix epoch), less the time since (server/wall_time.h).

@@ -209,10 +209,13 @@ TEST_F(StatusViewTest, PagingTheHistoryListsEveryEpochOnceAndOnlyNewerCompletion
       reply("GET", "/v1/runs/long/history?format=csv&from=3&limit=2&jobs_after=19999");
   // (the epochs closed 19,996 and 19,995 ms before the wall clock's 1e12 ms)
   EXPECT_EQ(csv.body,
-            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,metric.acc\r\n"
-            "epoch,dev,1,,true,999997,1,1,19996,,2001-09-09T01:46:20.004Z,999999980004,0.25\r\n"
-            "epoch,train,2,,true,999996,1,1,19995,,2001-09-09T01:46:20.005Z,999999980005,0.25\r\n"
-            "job,dev,9999,0,,980001,,,0,w,2001-09-09T01:46:40.000Z,1000000000000,\r\n");
+            "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,"
+            "duration_s,metric.acc\r\n"
+            "epoch,dev,1,,true,999997,1,1,19996,,2001-09-09T01:46:20.004Z,999999980004,0,0.001,"
+            "0.25\r\n"
+            "epoch,train,2,,true,999996,1,1,19995,,2001-09-09T01:46:20.005Z,999999980005,0,0.001,"
+            "0.25\r\n"
+            "job,dev,9999,0,,980001,,,0,w,2001-09-09T01:46:40.000Z,1000000000000,,,\r\n");
   const HttpReply jsonl =
       reply("GET", "/v1/runs/long/history?format=jsonl&limit=1&jobs_after=19999");
   EXPECT_NE(jsonl.body.find(R"({"kind":"epoch","set":"train","epoch":0,)"), std::string::npos);

@@ -194,9 +194,12 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
   ASSERT_EQ(rows.size(), 1u + 2u + 4u) << csv;
   EXPECT_EQ(
       rows[0],
-      "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,metric.accuracy\r");
+      "kind,set,epoch,job,closed,loss,done,jobs,ago_ms,worker,time,time_ms,samples,duration_s,"
+      "metric.accuracy\r");
   EXPECT_TRUE(rows[1].starts_with("epoch,train,0,,true,2.5,4,4,")) << rows[1];
-  EXPECT_TRUE(rows[1].ends_with(",0.75\r")) << rows[1];
+  // Its 4 samples, and how long it was open.
+  EXPECT_TRUE(std::regex_search(rows[1], std::regex(R"(,4,\d+(\.\d+)?(e-?\d+)?,0\.75\r$)")))
+      << rows[1];
   EXPECT_TRUE(rows[2].starts_with("epoch,dev,0,,false,,0,2,,")) << rows[2];
   EXPECT_TRUE(rows[6].starts_with("job,train,0,3,,4,,,")) << rows[6];
   // Each job row names its worker and its date: ISO 8601 UTC, and ms since the Unix epoch,
@@ -204,7 +207,8 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
   std::smatch m;
   ASSERT_TRUE(std::regex_match(
       rows[6], m,
-      std::regex(R"(job,train,0,3,,4,,,\d+,a,(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z),(\d+),\r)")))
+      std::regex(
+          R"(job,train,0,3,,4,,,\d+,a,(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z),(\d+),,,\r)")))
       << rows[6];
   const int64_t unix_ms = std::stoll(m[2]);
   const int64_t now_ms = static_cast<int64_t>(std::time(nullptr)) * 1000;
@@ -229,6 +233,11 @@ TEST(Cli, HistoryPrintsCsvAndJsonLines) {
     EXPECT_STREQ(d["kind"].GetString(), n < 2 ? "epoch" : "job") << line;
     if (n == 0) {
       EXPECT_DOUBLE_EQ(d["metrics"]["accuracy"].GetDouble(), 0.75);
+      EXPECT_EQ(d["samples"].GetUint64(), 4u) << line;
+      EXPECT_TRUE(d["duration_s"].IsNumber() && d["duration_s"].GetDouble() >= 0) << line;
+    }
+    if (n == 1) {
+      EXPECT_TRUE(d["duration_s"].IsNull()) << "dev 0 is open: " << line;
     }
     if (n >= 2) {
       EXPECT_STREQ(d["worker"].GetString(), "a") << line;

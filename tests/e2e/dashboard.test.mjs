@@ -2,7 +2,8 @@
 // against a real coordinator with running workers: the page shows the run, its progress
 // advances, the loss curve gains points as epochs close, each worker's rate matches what the
 // server counted over the same time, the epoch axis has whole ticks, the loss axis turns
-// logarithmic, each reported metric has its chart with the server's values, the best epoch is
+// logarithmic, each reported metric has its chart with the server's values, so has samples/s
+// per epoch (each closed epoch's samples over its duration_s), the best epoch is
 // marked, 1,002 workers make a table of 20 and a summary row, and a checkpoint cut and its
 // restore by a new group show in the cuts panel and stand out in the events. Saves a screenshot.
 // A run of 3,000 epochs: the page charts them all, and the loss of every completion over the
@@ -12,7 +13,8 @@
 // the default): the steps panel shows the server's steps done of planned per set, the fitted
 // cost model, each rank's batches and fitted speed, and the title says the run hands out steps.
 // Comparing runs (/?run=A&compare=B): the compared runs on every chart point for point as the
-// server holds them, polled for what changed only, picked and dropped with the checkboxes.
+// server holds them (samples/s per epoch too), polled for what changed only, picked and
+// dropped with the checkboxes.
 //   TRAINCOORD_BIN=build/traincoord EXAMPLE_WORKER_BIN=build/example_worker \
 //   ARTIFACT_DIR=build/artifacts node --test tests/e2e/dashboard.test.mjs
 import { test } from "node:test";
@@ -156,6 +158,26 @@ test("the dashboard shows the run live: progress advances and the loss curve gro
       });
     }
     assert.ok(compared >= 6, `compared ${compared} values`);
+
+    // Samples/s per epoch: each closed epoch's samples over its duration_s, as the history has
+    // them (the example worker reports 32 samples a batch).
+    const throughput = await page.evaluate(() => {
+      const c = state.throughputChart;
+      return c ? { epochs: c.data[0], train: c.data[1], dev: c.data[2] } : null;
+    });
+    assert.ok(throughput, "a samples/s chart");
+    assert.equal(await page.locator("#throughput-chart canvas").count(), 1);
+    let rated = 0;
+    for (const set of ["train", "dev"]) {
+      throughput[set].forEach((v, i) => {
+        if (v === null) return;
+        const e = history.epochs.find((x) => x.set === set && x.epoch === throughput.epochs[i]);
+        assert.ok(e && e.closed && e.samples > 0 && e.duration_s > 0, `${set} ${throughput.epochs[i]}: ${JSON.stringify(e)}`);
+        assert.equal(v, e.samples / e.duration_s, `${set} ${e.epoch} samples/s`);
+        rated++;
+      });
+    }
+    assert.ok(rated >= 6, `compared ${rated} samples/s values`);
 
     // The log-scale toggle: a logarithmic loss axis with ticks at 1, 2, 5 times powers of ten.
     await page.check("#loss-log");
@@ -455,8 +477,8 @@ test("a step-mode run: the steps panel shows the server's steps, cost model and 
 
 // Comparing runs: three runs on one coordinator trained through the API, of different lengths
 // and losses; B reports a metric ("bleu") that A does not. The page opened on
-// /?run=A&compare=B,nosuch draws B beside A on every chart (loss per epoch, each metric per
-// epoch, each series over the whole run), point for point as the server's replies hold them,
+// /?run=A&compare=B,nosuch draws B beside A on every chart (loss per epoch, samples/s per
+// epoch, each metric per epoch, each series over the whole run), point for point as the server's replies hold them,
 // and says that "nosuch" cannot be fetched; while B trains on, each poll asks only for B's newer
 // points and open epochs; and the checkboxes beside the runs pick and drop runs, in the URL too.
 const COMPARE_RUN = (name) => ({ name, data: { train_batches: 2, dev_batches: 1 }, schedule: { epochs: 100 } });
@@ -478,7 +500,7 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
     };
     for (const name of ["B", "C"]) await api("/v1/runs", COMPARE_RUN(name));
     // One worker a run, one job at a time: completion n of run A has loss 1 / n, of B 2 / n + 0.5
-    // and a bleu of n / 100, of C 3 / n; each reports its accuracy.
+    // and a bleu of n / 100, of C 3 / n; each reports its accuracy, and 32 samples.
     const workers = {};
     const train = async (run, count) => {
       if (!workers[run]) {
@@ -490,7 +512,7 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
         const n = ++w.n;
         const loss = run === "A" ? 1 / n : run === "B" ? 2 / n + 0.5 : 3 / n;
         const metrics = { accuracy: 1 - loss / 4, ...(run === "B" ? { bleu: n / 100 } : {}) };
-        const r = await api(`/v1/runs/${run}/complete`, { worker: w.worker, lease: w.lease, loss, metrics, next: true });
+        const r = await api(`/v1/runs/${run}/complete`, { worker: w.worker, lease: w.lease, loss, samples: 32, metrics, next: true });
         assert.equal(r.outcome, "accepted");
         assert.equal(r.next.status, "job");
         w.lease = r.next.job.lease;
@@ -523,6 +545,7 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
           [n, { data: c.data, labels: c.series.slice(1).map((s) => s.label) }])),
         epochs: { data: state.epochChart.data, labels: state.epochChart.series.slice(1).map((s) => s.label) },
         metrics: Object.fromEntries([...state.metricCharts].map(([n, c]) => [n, { data: c.data }])),
+        throughput: { data: state.throughputChart.data, labels: state.throughputChart.series.slice(1).map((s) => s.label) },
       }));
       if (!drawn) return ["nothing drawn yet"];
       const out = [];
@@ -551,12 +574,15 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
       }
       if (Object.keys(drawn.series).length !== names.length) out.push(`series charts ${Object.keys(drawn.series)}`);
       if (JSON.stringify(drawn.epochs.labels) !== JSON.stringify(labels)) out.push(`epoch labels ${drawn.epochs.labels}`);
+      if (JSON.stringify(drawn.throughput.labels) !== JSON.stringify(labels)) out.push(`samples/s labels ${drawn.throughput.labels}`);
       const metricNames = [...new Set(runs.flatMap((r) => history[r].epochs.flatMap((e) => Object.keys(e.metrics))))];
       for (const name of metricNames) if (!drawn.metrics[name]) out.push(`no ${name} metric chart`);
       runs.forEach((run, i) => {
         for (const set of ["train", "dev"]) {
           const closed = history[run].epochs.filter((e) => e.set === set && e.closed);
           check("epoch loss", drawn.epochs, i, set, closed.map((e) => [e.epoch, e.loss]));
+          check("epoch samples/s", drawn.throughput, i, set,
+            closed.filter((e) => e.duration_s > 0).map((e) => [e.epoch, e.samples / e.duration_s]));
           for (const name of metricNames) {
             if (drawn.metrics[name]) {
               check(`epoch ${name}`, drawn.metrics[name], i, set,
