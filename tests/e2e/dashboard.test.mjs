@@ -638,20 +638,29 @@ test("comparing runs: compared runs drawn on every chart, polled for what change
 
     // The checkboxes: drop "nosuch", pick C, drop B, drop C; the URL and the charts follow.
     const search = () => page.evaluate(() => location.search);
-    await page.uncheck('#compare input[value="nosuch"]');
+    // (A click in the page: Playwright's check/uncheck, which click by coordinates, once timed
+    // out on a loaded machine with the box unchanged while the page redrew around it.)
+    const toggle = async (run, checked) => {
+      await page.waitForSelector(`#compare input[value="${run}"]`);
+      await page.evaluate(([run, checked]) => {
+        const box = document.querySelector(`#compare input[value="${run}"]`);
+        if (box.checked !== checked) box.click();
+      }, [run, checked]);
+    };
+    await toggle("nosuch", false);
     assert.equal(await search(), "?run=A&compare=B");
-    await page.check('#compare input[value="C"]');
+    await toggle("C", true);
     assert.equal(await search(), "?run=A&compare=B,C");
     await matches(["A", "B", "C"]);
-    await page.uncheck('#compare input[value="B"]');
+    await toggle("B", false);
     assert.equal(await search(), "?run=A&compare=C");
     await matches(["A", "C"]);
     assert.equal(await page.evaluate(() => state.seriesCharts.has("bleu")), false, "bleu is B's alone");
-    await page.uncheck('#compare input[value="C"]');
+    await toggle("C", false);
     assert.equal(await search(), "?run=A");
     await matches(["A"]);
     // The runs' links keep what is compared; a reload keeps it too.
-    await page.check('#compare input[value="B"]');
+    await toggle("B", true);
     await until("the runs' links to keep B", async () =>
       (await page.getAttribute('#runs a[href^="?run=C"]', "href")) === "?run=C&compare=B");
     await page.reload();
