@@ -18,6 +18,13 @@ namespace traincoord {
 
 namespace {
 
+// A number node's value as a double. (toml++'s value<double>() has none for an integer it
+// cannot convert exactly, such as 2^63 - 1: found by fuzz_config.) REQUIRES: node.is_number().
+double as_double(const toml::node& node) {
+  if (const auto* i = node.as_integer()) return static_cast<double>(i->get());
+  return node.as_floating_point()->get();
+}
+
 // Reads one TOML table, refusing keys it does not know: a typo must not be silently ignored.
 class TableReader {
  public:
@@ -63,7 +70,7 @@ class TableReader {
     if (!has(key)) return {};
     const toml::node& node = *table_->get(key);
     if (!node.is_number()) return bad(key, "must be a number");
-    *out = node.value<double>().value();
+    *out = as_double(node);
     if (!std::isfinite(*out)) return bad(key, "must be finite");
     return {};
   }
@@ -276,7 +283,7 @@ Result<void> read_set_lengths(const toml::table& root, TableReader& lengths, std
       if (!v.is_number()) {
         return lengths.bad(key, "element " + std::to_string(i) + " is not a number");
       }
-      out->push_back(v.value<double>().value());
+      out->push_back(as_double(v));
     }
     *checksum = lengths_checksum(*out);
     if (has_sum) {

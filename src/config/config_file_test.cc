@@ -121,6 +121,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "early_stop.rule", "one of"},
         Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[leases]\ntimeout = 0\n",
                 "leases.timeout", "between"},
+        // (an integer a double cannot hold exactly: it threw bad_optional_access; fuzz_config)
+        Refusal{"name = \"x\"\n[data]\ntrain_batches = 3\n[leases]\ntimeout = "
+                "9223372036854775807\n",
+                "leases.timeout", "between"},
         Refusal{"name = \"has space\"\n[data]\ntrain_batches = 3\n", "name", "letters"},
         Refusal{"name = \"..\"\n[data]\ntrain_batches = 3\n", "name", "must not start with '.'"},
         Refusal{"name = \".env\"\n[data]\ntrain_batches = 3\n", "name", "must not start"},
