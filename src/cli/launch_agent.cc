@@ -139,7 +139,17 @@ std::vector<AgentAction> LaunchAgent::on(const AgentEvent& event, AgentMs now) {
     waited(*w, now, out);
   } else {
     TC_ASSERT(phase_ == Phase::kStopping);
-    for (const RankExit& e : std::get<RanksStopped>(event).exits) record_exit(e);
+    for (const RankExit& e : std::get<RanksStopped>(event).exits) {
+      const auto r = static_cast<size_t>(e.local_rank);
+      const bool stopped_here = r < alive_.size() && alive_[r];
+      record_exit(e);
+      // A rank this agent stopped because its group stopped (a rank failed, here or on another
+      // node; the round ended) did not fail: its SIGTERM's 143 is the agent's doing. Else a node
+      // whose group re-forms without it, and whose run then ends, would exit 1 on that 143.
+      if (stopped_here && after_stop_ == AfterStop::kRestartOrGiveUp) {
+        exit_codes_[r] = kStoppedByTheAgent;
+      }
+    }
     TC_ASSERT(std::none_of(alive_.begin(), alive_.end(), [](bool a) { return a; }));
     stopped(now, out);
   }
@@ -440,7 +450,8 @@ void LaunchAgent::finish(std::vector<AgentAction>& out) {
   outcome.interrupted = interrupted_;
   outcome.gave_up_why = gave_up_why_;
   for (size_t r = 0; r < exit_codes_.size(); ++r) {
-    if (exit_codes_[r] > 0) {  // (-1: never started, the run ended before a group formed)
+    // (-1: never started, the run ended before a group formed; kStoppedByTheAgent: no failure)
+    if (exit_codes_[r] > 0) {
       outcome.failed_ranks.push_back(
           RankExit{static_cast<int>(at_.rank_offset + r), exit_codes_[r]});
     }

@@ -171,7 +171,9 @@ class LaunchAgent {
   std::optional<AgentMs> trouble_since_, waiting_since_;
   Pace trouble_said_{10'000, {}}, waiting_said_{5'000, {}};
   AgentMs backoff_ms_ = 0;
-  // The group of this node: each rank's exit code (-1 while it runs or never ran), alive or not.
+  // The group of this node: each rank's exit code (-1 while it runs or never ran;
+  // kStoppedByTheAgent: stopped with its group, for a restart), alive or not.
+  static constexpr int kStoppedByTheAgent = -2;
   std::vector<int> exit_codes_;
   std::vector<bool> alive_;
   std::optional<std::string> failure_;  // why this node's group stops

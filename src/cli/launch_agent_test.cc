@@ -86,6 +86,34 @@ TEST(LaunchAgent, AFailedRankFailsTheRoundStopsTheGroupAndJoinsAgain) {
   EXPECT_EQ(find<StartRanks>(out)->at.group, "rdzv-r2");
 }
 
+// Found in a loaded run of python/tests/test_launch_nodes.py: node A's group stops because a rank
+// of node B failed; B rejoins first and round 2 forms with B alone (min nodes 1); the run
+// completes while A waits for the group to re-form. A's ranks exited with 143, the SIGTERM A
+// sent them: A must end 0 with the run, not 1.
+TEST(LaunchAgent, ANodeWhoseGroupReformedWithoutItEndsWellWhenTheRunCompletes) {
+  LaunchAgent agent(settings(2, 2), 0);
+  agent.start(0);
+  agent.on(Replied{RdzvCall::kJoin, running_round(1)}, 10);
+  Standing ended = running_round(1);
+  ended.state = NodeState::kRestart;  // the heartbeat: round 1 ended (a rank elsewhere failed)
+  agent.on(Waited{0, {}}, 5'000);
+  auto out = agent.on(Replied{RdzvCall::kPoll, ended}, 5'010);
+  ASSERT_TRUE(std::holds_alternative<StopRanks>(out.back()));
+  out = agent.on(RanksStopped{{RankExit{0, 143}, RankExit{1, 143}}}, 5'100);
+  ASSERT_EQ(std::get<Request>(out.back()).call, RdzvCall::kJoin);
+  Standing done;
+  done.state = NodeState::kWaiting;
+  done.run_state = RunState::kCompleted;
+  out = agent.on(Replied{RdzvCall::kJoin, done}, 5'200);
+  ASSERT_EQ(std::get<Request>(out.back()).call, RdzvCall::kLeave);
+  out = agent.on(Replied{RdzvCall::kLeave, Standing{}}, 5'300);
+  ASSERT_TRUE(agent.finished());
+  const AgentOutcome& o = std::get<Finish>(out.back()).outcome;
+  EXPECT_TRUE(o.failed_ranks.empty());
+  EXPECT_FALSE(o.gave_up_why);
+  EXPECT_EQ(launch_exit_code(o, "completed"), exit_code::kOk);
+}
+
 TEST(LaunchAgent, GivesUpWithNoRestartLeftAndExits1) {
   LaunchAgent agent(settings(1, 0), 0);
   agent.start(0);

@@ -463,14 +463,19 @@ Result<std::vector<Completed>> Api::complete_all(Run& run, WorkerId worker,
 }
 
 std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request) {
+  return handle(request, find_endpoint(request.method, request.target));
+}
+
+std::variant<HttpReply, ParkedAcquire> Api::handle(const HttpRequest& request,
+                                                   const Endpoint* endpoint) {
   effect_ = Effect::kNone;
   changed_nothing_ = false;
   journal_body_.clear();
   const std::string_view name = run_of(request.target);
-  if (request.method != "POST" || name.empty()) return route(request);
+  if (request.method != "POST" || name.empty()) return route(request, endpoint);
   auto before = engine_.find(name);
   const uint64_t events = before ? (*before)->event_seq() : 0;
-  auto result = route(request);
+  auto result = route(request, endpoint);
   auto after = engine_.find(name);
   if (!after) return result;  // (no run: nothing changed)
   const bool evented = (*after)->event_seq() != events || !before;
@@ -832,12 +837,12 @@ Result<void> parse_body_and_record(const std::string& text, BodyDocument& doc,
 
 }  // namespace
 
-std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req) {
+std::variant<HttpReply, ParkedAcquire> Api::route(const HttpRequest& req,
+                                                  const Endpoint* endpoint) {
   std::string allow;  // the methods the path allows, when it is an endpoint's
-  // The first row that matches ends the scan; only a request no row takes scans them all, for
-  // the methods its path allows (the whole scan every request was ~5% of a job cycle's
-  // instructions: docs/PERFORMANCE.md).
-  const Endpoint* endpoint = find_endpoint(req.method, req.target);
+  // `endpoint` came from the first row that matches; only a request no row takes scans them
+  // all, for the methods its path allows (the whole scan every request was ~5% of a job
+  // cycle's instructions: docs/PERFORMANCE.md).
   if (!endpoint || endpoint == &kDashboard)
     endpoint = find_endpoint(req.method, req.target, &allow);
   if (endpoint ? !endpoint->handler : allow.empty()) return no_endpoint(req);

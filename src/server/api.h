@@ -110,8 +110,12 @@ class Api {
   Api(const Api&) = delete;
   Api& operator=(const Api&) = delete;
 
-  // Handles one request: a reply, or an acquire to park.
+  // Handles one request: a reply, or an acquire to park. `endpoint`, where the caller looked it
+  // up already: find_endpoint(request.method, request.target) (the table is then scanned once
+  // a request, not once for the metrics label and again here).
   std::variant<HttpReply, ParkedAcquire> handle(const HttpRequest& request);
+  std::variant<HttpReply, ParkedAcquire> handle(const HttpRequest& request,
+                                                const Endpoint* endpoint);
 
   // Asks again for a parked acquire. Returns the reply when there is one now (a job, the run
   // finished, or `timed_out`: then a "wait" with a retry hint); nullopt to keep waiting.
@@ -170,7 +174,8 @@ class Api {
   Engine& engine() { return engine_; }
 
  private:
-  std::variant<HttpReply, ParkedAcquire> route(const HttpRequest& request);
+  std::variant<HttpReply, ParkedAcquire> route(const HttpRequest& request,
+                                               const Endpoint* endpoint);
 
   Result<Completed> complete(Run& run, WorkerId worker, LeaseId lease,
                              const Completion& completion);

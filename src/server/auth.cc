@@ -201,9 +201,13 @@ Result<std::string> Auth::worker_token(const std::string& run) {
 
 std::optional<HttpReply> Auth::check(std::string_view method, std::string_view target,
                                      std::string_view authorization) {
+  return check(Api::find_endpoint(method, target), target, authorization);
+}
+
+std::optional<HttpReply> Auth::check(const Endpoint* endpoint, std::string_view target,
+                                     std::string_view authorization) {
   // Who may call it is the endpoint table's to say. A request no row takes (a 404 or 405 then)
   // needs the token of the run it names, else the admin token.
-  const Endpoint* endpoint = Api::find_endpoint(method, target);
   const Access access = endpoint                      ? endpoint->access
                         : Api::run_of(target).empty() ? Access::kAdmin
                                                       : Access::kRun;

@@ -51,6 +51,9 @@ class Auth {
   // run's worker token or the admin token; the list of runs and /metrics need the admin token.
   std::optional<HttpReply> check(std::string_view method, std::string_view target,
                                  std::string_view authorization);
+  // The same, with `endpoint` = Api::find_endpoint(method, target) already looked up.
+  std::optional<HttpReply> check(const Endpoint* endpoint, std::string_view target,
+                                 std::string_view authorization);
 
  private:
   std::string dir_;

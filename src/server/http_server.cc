@@ -39,14 +39,11 @@ namespace http = beast::http;
 namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
-namespace {}  // namespace
-
 class HttpServer::Impl {
  public:
   Impl(Engine& engine, ServerClock& clock, Journal* journal, ServerOptions options)
       : coordinator_(engine, clock, journal,
                      CoordinatorOptions{options.limits, options.auth, kTickMs, options.leadership}),
-        clock_(clock),
         journal_(journal),
         options_(std::move(options)) {
     coordinator_.set_transport_metrics([this](std::string& out) { server_metrics(out); });
@@ -519,7 +516,6 @@ class HttpServer::Impl {
   Histogram commit_batch_{{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}};
 
   Coordinator coordinator_;  // engine thread only
-  ServerClock& clock_;
   Journal* journal_;
   ServerOptions options_;
 

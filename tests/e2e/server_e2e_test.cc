@@ -111,7 +111,7 @@ std::string work(const client::Options& options, Ledger* ledger) {
   while (job && *job) {
     const client::Job j = **job;
     job = (*worker)->complete_and_next(
-        j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}});
+        j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}, 0});
     if (job && (*worker)->last_completed().counted) ledger->add(j.set, j.epoch, j.batches);
   }
   if (!job) return "error: " + job.error().message;
@@ -126,7 +126,7 @@ std::string work_in_groups(const client::Options& options, size_t n, Ledger* led
   while (jobs && !jobs->empty()) {
     std::vector<std::pair<client::Job, client::Completion>> done;
     for (const client::Job& j : *jobs) {
-      done.push_back({j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}}});
+      done.push_back({j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}, 0}});
     }
     jobs = (*worker)->complete_and_next_jobs(done, n);
     if (!jobs) break;
@@ -154,7 +154,7 @@ std::string work_streamed(const client::Options& options, size_t depth, Ledger* 
   auto job = stream.next();
   while (job && *job) {
     const client::Job j = **job;
-    stream.complete(j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}});
+    stream.complete(j, {0.1 * static_cast<double>(j.epoch + 1), j.batches.size(), {}, 0});
     sent.push_back(j);
     if (++taken == stop_after) break;
     job = stream.next();
@@ -484,7 +484,7 @@ TEST_F(ServerE2E, TheClientRetriesAcrossACoordinatorRestartAndItsCompletionCount
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     server_ = ServerProcess::start(server_args(), port);
   });
-  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}});
+  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}, 0});
   restart.join();
   ASSERT_NE(server_, nullptr);
   ASSERT_TRUE(next) << next.error().message;
@@ -513,7 +513,7 @@ TEST_F(ServerE2E, AnInMemoryCoordinatorForgetsAndTheClientCarriesOn) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     server_ = ServerProcess::start(server_args(true), port);
   });
-  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}});
+  auto next = (*worker)->complete_and_next(**job, {0.5, 2, {}, 0});
   restart.join();
   ASSERT_NE(server_, nullptr);
   ASSERT_TRUE(next) << next.error().message;
