@@ -91,21 +91,26 @@ class WorkerProcess {
       waitpid(pid_, nullptr, 0);
     }
   }
-  // Its exit status once it exits within `seconds` (-1: it did not; it is killed then).
+  // Its exit status once it has exited, waiting at most `seconds` (0: only looks); -1: still
+  // running (it is killed by its PID when it goes out of scope). Asked again once it exited,
+  // the same status.
   int wait(int seconds) {
-    for (int i = 0; i < seconds * 20 && pid_ > 0; ++i) {
+    for (int i = 0; pid_ > 0; ++i) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
       }
+      if (i >= seconds * 20) return -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return -1;
+    return status_;
   }
 
  private:
   pid_t pid_ = -1;
+  int status_ = -1;
 };
 
 inline std::string read_file(const std::string& path) {
