@@ -276,6 +276,14 @@ HttpReply Coordinator::serve_get(const HttpRequest& request) {
   const std::string_view path = path_of(request.target);
   if (path == "/metrics") {
     std::string text = api_.metrics_text();
+    text +=
+        "# HELP traincoord_parked_acquires Acquires waiting for work (long polls) now.\n"
+        "# TYPE traincoord_parked_acquires gauge\ntraincoord_parked_acquires " +
+        std::to_string(parked()) +
+        "\n# HELP traincoord_parked_retries_total Times a parked acquire was asked again "
+        "(something that could answer it changed, or its wait ran out).\n"
+        "# TYPE traincoord_parked_retries_total counter\ntraincoord_parked_retries_total " +
+        std::to_string(parked_retries_) + "\n";
     if (transport_metrics_) transport_metrics_(text);
     if (journal_) journal_->append_metrics(text);
     if (options_.leadership) options_.leadership->append_metrics(text);
@@ -322,6 +330,7 @@ void Coordinator::journal_full_changed(bool full, std::vector<std::string>* noti
 // when it changed something (handed out jobs, or expired leases on its way): as an acquire
 // without a wait, which replays to the reply it got (200; a "wait" when it found nothing).
 std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool timed_out) {
+  parked_retries_ += 1;
   const TimeMs t = clock_.hold();
   auto reply = api_.retry(parked, timed_out);
   clock_.release();

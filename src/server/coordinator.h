@@ -109,6 +109,9 @@ class Coordinator {
   TimeMs next_wakeup_ms() const;
   // Acquires waiting for work (long polls).
   size_t parked() const;
+  // How many times a parked acquire was asked again (Api::retry), in all: its timeout's
+  // answer included (GET /metrics: traincoord_parked_retries_total).
+  uint64_t parked_retries() const { return parked_retries_; }
 
   // Adds the transport's own series to GET /metrics (called on this thread, in step()).
   void set_transport_metrics(std::function<void(std::string&)> append) {
@@ -156,6 +159,7 @@ class Coordinator {
   std::map<std::string, std::deque<Parked>, std::less<>> parked_;
   std::function<void(std::string&)> transport_metrics_;
   TimeMs last_tick_;
+  uint64_t parked_retries_ = 0;
   uint64_t pauses_seen_ = 0;    // clock_.pauses() when last told
   TimeMs skipped_told_ms_ = 0;  // clock_.skipped_ms() when last told
 };
