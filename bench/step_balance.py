@@ -173,7 +173,8 @@ def rank_main(args):
     results = []
 
     def step(batch, speed):
-        """Trains one batch: returns (batch seconds, all-reduce seconds, end time)."""
+        """Trains one batch: returns (batch seconds, all-reduce seconds, end time, start
+        time, the sleep asked for)."""
         t0 = time.perf_counter()
         cost = padded(lengths, batch) * args.scale * speed
         if cost > 0:
@@ -181,15 +182,19 @@ def rank_main(args):
         t1 = time.perf_counter()
         dist.all_reduce(tensor)
         t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, t2
+        return t1 - t0, t2 - t1, t2, t0, cost
 
     def record(way, slow, epoch, batches, times, start):
-        rows = [{"samples": b, "batch_s": bt, "allreduce_s": ar, "end": end}
-                for b, (bt, ar, end) in zip(batches, times)]
+        rows = [{"samples": b, "batch_s": bt, "allreduce_s": ar, "end": end, "t0": t0,
+                 "asked_s": asked}
+                for b, (bt, ar, end, t0, asked) in zip(batches, times)]
         gathered = [None] * world
         dist.all_gather_object(gathered, {"rank": rank, "start": start, "rows": rows})
         if rank == 0:
             results.append({"way": way, "slow": slow, "epoch": epoch, "ranks": gathered})
+
+    def note(entry):  # (rank 0 only: what the coordinator showed)
+        results.append(entry)
 
     for way in args.ways.split(","):
         for slow in (False, True):
@@ -208,7 +213,7 @@ def rank_main(args):
                 times = [step(b, speed) for b in plan]
                 record(way, slow, 0, plan, times, start)
             elif way == "traincoord":
-                traincoord_way(args, setup, rank, world, speed, slow, step, record)
+                traincoord_way(args, setup, rank, world, speed, slow, step, record, note)
             else:
                 raise SystemExit(f"--ways: unknown way {way!r}")
     if rank == 0:
@@ -216,11 +221,13 @@ def rank_main(args):
     dist.destroy_process_group()
 
 
-def traincoord_way(args, setup, rank, world, speed, slow, step, record):
+def traincoord_way(args, setup, rank, world, speed, slow, step, record, note):
     """The run `balance` (or `balance-slow`) of the coordinator the driver started, trained
     with Phases as docs/PYTHON.md shows ("Cost-balanced batches in step mode"): each batch
     "trains" (sleeps), the step's all-reduce follows, and the report carries the batch's own
-    time. Records every train epoch; dev batches are reported at once."""
+    time. Records every train epoch; dev batches are reported at once. Rank 0 also takes the
+    cost model the coordinator fitted from the reports of the first 5% of the first epoch's
+    steps (the run's status, `cost_model`: docs/API.md), and the one it ends with."""
     import traincoord
     import traincoord.torch
 
@@ -236,15 +243,43 @@ def traincoord_way(args, setup, rank, world, speed, slow, step, record):
                     phase.report(0.0)
                 continue
             batches, times = [], []
+            # Rank 0, first epoch: the model after 5% of its steps (the first `early` steps).
+            early = None
+            if rank == 0 and phase.epoch == 0:
+                early = max(1, round(0.05 * train_steps(run)))
             start = time.perf_counter()
             for batch in phase:
-                bt, ar, end = step(batch, speed)
+                bt, ar, end, t0, asked = step(batch, speed)
                 batches.append(list(batch))
-                times.append((bt, ar, end))
+                times.append((bt, ar, end, t0, asked))
                 phase.report(0.0, seconds=bt)
+                if early is not None and len(batches) == early:
+                    # Every rank's reports of the first `early` steps, and no more (a rank
+                    # reports its next batch after that step's all-reduce, which waits on this
+                    # one): once they reached the coordinator (the feed sends reports in
+                    # groups, or after REPORT_DELAY_MAX_S).
+                    model, deadline = None, time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        model = run.status().get("cost_model")
+                        if model and model["reports"] >= early * world:
+                            break
+                        time.sleep(0.05)
+                    note({"way": "traincoord-model", "slow": slow, "after_steps": early,
+                          "model": model})
             record("traincoord", slow, phase.epoch, batches, times, start)
+        if rank == 0:
+            note({"way": "traincoord-model", "slow": slow, "after_steps": None,
+                  "model": run.status().get("cost_model")})
     finally:
         run.close()
+
+
+def train_steps(run):
+    """The steps of the open train epoch (the run's status, `steps`)."""
+    for s in (run.status().get("steps") or {}).get("sets", []):
+        if s["set"] == "train" and not s["closed"]:
+            return s["planned"]
+    return 0
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -275,9 +310,22 @@ def figures(lengths, result, scale):
                 visits[i] = visits.get(i, 0) + 1
     del start
     total = sum(step_times)
+    # Where a step's time goes, per step (ms): the longest sleep asked for, what the slowest
+    # rank's sleep took beyond that, and the training thread's time between one step's
+    # all-reduce and the next batch's start (the loop: the sampler's next batch, the report)
+    # on the rank where it was longest.
+    asked = [max(r["rows"][k]["asked_s"] for r in ranks) for k in range(steps)]
+    slept = [max(r["rows"][k]["batch_s"] for r in ranks) for k in range(steps)]
+    loop = [max(r["rows"][k]["t0"] - r["rows"][k - 1]["end"] for r in ranks)
+            for k in range(1, steps)]
     return {
         "steps": steps,
         "epoch_s": total,
+        "step_ms": 1000 * total / steps,
+        "net_step_ms": 1000 * sum(net) / steps,
+        "asked_ms": 1000 * sum(asked) / steps,
+        "overshoot_ms": 1000 * (sum(slept) - sum(asked)) / steps,
+        "loop_ms": 1000 * sum(loop) / max(1, len(loop)),
         "E": use * scale / (w * total),
         "E_net": use * scale / (w * sum(net)),
         "S": sum(stragglers) / len(stragglers),
@@ -399,9 +447,34 @@ def main():
     report(lengths, results, args)
 
 
+def model_error(lengths, model, result):
+    """How far the fitted model's predicted batch times are from the true ones (the sleeps
+    asked for: the true cost at each rank's true speed), over the batches of `result` (an
+    epoch of every rank): (mean, worst) relative error."""
+    errors, measured = [], []
+    speeds = model["speeds"]
+    for rank, r in enumerate(result["ranks"]):
+        for row in r["rows"]:
+            batch = row["samples"]
+            if not batch:
+                continue
+            n, longest = len(batch), max(lengths[i] for i in batch)
+            predicted = speeds[rank] * (model["a"] + n * (model["b"] * longest +
+                                                          model["c"] * longest * longest))
+            errors.append(abs(predicted / row["asked_s"] - 1))
+            measured.append(abs(row["batch_s"] / row["asked_s"] - 1))
+    # (and how far the batch times the ranks measured, which the model is fitted from, are from
+    # the true ones: the sleeps' overshoot on this machine)
+    return (sum(errors) / len(errors), max(errors), sum(measured) / len(measured),
+            sorted(measured)[len(measured) // 2])
+
+
 def report(lengths, results, args):
     by = {}
+    models = [r for r in results if r["way"] == "traincoord-model"]
     for r in results:
+        if r["way"] == "traincoord-model":
+            continue
         by.setdefault((r["way"], r["slow"]), []).append(figures(lengths, r, args.scale))
     names = {"sampler": "DistributedSampler", "buckets": "unsynchronised buckets",
              "traincoord": "traincoord step mode"}
@@ -422,6 +495,35 @@ def report(lengths, results, args):
               f"{s['epoch_s'] / f['epoch_s']:9.2f} {once:>5}")
     print("targets (traincoord):     E_net >= 0.95, S <= 1.03, P <= 2%, <= 0.2x DS, "
           "<= 0.9x buckets, slow rank <= 1.10x, exactly once")
+    print("\nper step (ms), as is: step = net + all-reduce; net ~ the longest batch's sleep asked "
+          "+ its overshoot + the loop between steps")
+    print(f"{'way':<24} {'step':>7} {'net':>7} {'asked':>7} {'over':>7} {'loop':>7}")
+    for way in args.ways.split(","):
+        if (way, False) in by:
+            f = by[(way, False)][-1]
+            print(f"{names[way]:<24} {f['step_ms']:7.2f} {f['net_step_ms']:7.2f} "
+                  f"{f['asked_ms']:7.2f} {f['overshoot_ms']:7.2f} {f['loop_ms']:7.2f}")
+    # The fitted cost model against the true one (target: within 10% after 5% of the first
+    # epoch), over every batch of the first epoch, each rank at its fitted speed.
+    raw = [r for r in results if r["way"] == "traincoord"]
+    for m in models:
+        epoch0 = next((r for r in raw if r["slow"] == m["slow"] and r["epoch"] == 0), None)
+        model = m["model"]
+        if epoch0 is None or not model or not model.get("fitted"):
+            print(f"cost model{' (rank slowed)' if m['slow'] else ''}: not fitted "
+                  f"({model and model.get('reports')} reports)")
+            continue
+        mean, worst, measured, measured_median = model_error(lengths, model, epoch0)
+        when = (f"after {m['after_steps']} steps of the first epoch" if m["after_steps"]
+                else "at the end")
+        true = [2.0 if m["slow"] and r == args.ranks - 1 else 1.0 for r in range(args.ranks)]
+        print(f"cost model{' (rank ' + str(args.ranks - 1) + ' slowed 2x)' if m['slow'] else ''} "
+              f"{when} ({model['reports']} reports): {model['model']} s at speed 1 "
+              f"(true {A * args.scale:g} + {B * args.scale:g} + {C * args.scale:g}); first "
+              f"epoch's batch times within {mean:.1%} on average, {worst:.1%} at worst "
+              f"(target 10%); speeds {' '.join(f'{v:.2f}' for v in model['speeds'])} "
+              f"(true {' '.join(f'{v:g}' for v in true)}); the measured batch times were "
+              f"{measured:.1%} from the true on average ({measured_median:.1%} the median)")
     print(json.dumps({f"{w}{'_slow' if s else ''}": v for (w, s), v in by.items()}))
     # The promise holds in every run of traincoord's way (each sample once per epoch); the
     # baselines' repeats are DistributedSampler's padding, counted, not an error.

@@ -12,6 +12,9 @@ namespace traincoord {
 
 namespace {
 
+// Step mode: how often every parked acquire is tried whether its run changed or not.
+constexpr TimeMs kSweepMs = 1000;
+
 std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
 HttpReply journal_full_reply() {
@@ -104,6 +107,7 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
       posted.swap(posted_);
     }
     for (auto& task : posted) task(*this);
+    posted_runs_ += posted.size();
   }
   if (journal_full != clock_.frozen()) journal_full_changed(journal_full, &wave.notices);
   std::vector<std::string_view> touched;  // views into the calls' targets
@@ -167,6 +171,10 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
           touched.push_back(run);
           break;
       }
+      if (api_.effect() != Effect::kNone && endpoint != "acquire" && endpoint != "complete" &&
+          endpoint != "heartbeat") {
+        if (auto it = parked_.find(run); it != parked_.end()) it->second.bumps += 1;
+      }
     }
     if (auto* reply = std::get_if<HttpReply>(&result)) {
       if (options_.leadership && endpoint == "create_run" && reply->status == 201) {
@@ -194,7 +202,14 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
       this->reply(std::move(call.to), std::move(*reply), endpoint, about);
     } else {
       auto& acquire = std::get<ParkedAcquire>(result);
-      parked_[acquire.run].push_back(Parked{std::move(acquire), std::move(call.to), endpoint});
+      auto entry = parked_.find(acquire.run);
+      if (entry == parked_.end()) {
+        entry = parked_.emplace(acquire.run, ParkedRun{}).first;
+        entry->second.swept = clock_.now();
+      }
+      // (It found nothing as the run is now.)
+      const uint64_t seen = refresh(acquire.run, entry->second);
+      entry->second.queue.push_back(Parked{std::move(acquire), std::move(call.to), endpoint, seen});
     }
   }
   const TimeMs now = clock_.now();
@@ -220,16 +235,22 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
     for (const std::string& run : expired) {
       record(run, t, RecordKind::kExpire, "", "", kOutcomeUnknown, "");
     }
-    for (auto& [run, queue] : parked_) serve_parked(queue, now);
+    for (auto& [run, entry] : parked_) {
+      // Once a second every parked acquire is tried, changed or not: what the key does not see
+      // (none known) costs a wait of at most that, not a long poll's.
+      const bool sweep = now - entry.swept >= kSweepMs;
+      if (sweep) entry.swept = now;
+      serve_parked(run, entry, now, sweep);
+    }
   } else {
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (const std::string_view run : touched) {
       auto it = parked_.find(run);
-      if (it != parked_.end()) serve_parked(it->second, now);
+      if (it != parked_.end()) serve_parked(it->first, it->second, now, false);
     }
   }
-  std::erase_if(parked_, [](const auto& entry) { return entry.second.empty(); });
+  std::erase_if(parked_, [](const auto& entry) { return entry.second.queue.empty(); });
   if (journal_) wave.writes = journal_->take(engine_, /*snapshots=*/true, clock_.now());
   wave.replies = std::move(outbox_);
   outbox_.clear();
@@ -260,7 +281,7 @@ void Coordinator::drop_parked(std::string_view run) {
   if (it == parked_.end()) return;
   const Leadership::View view =
       options_.leadership ? options_.leadership->view(run) : Leadership::View{};
-  for (Parked& p : it->second) {
+  for (Parked& p : it->second.queue) {
     outbox_.push_back(
         {std::move(p.to), not_leader_reply(run, view), p.endpoint, std::string(run), 0});
   }
@@ -278,6 +299,14 @@ HttpReply Coordinator::serve_get(const HttpRequest& request) {
   const std::string_view path = path_of(request.target);
   if (path == "/metrics") {
     std::string text = api_.metrics_text();
+    text +=
+        "# HELP traincoord_parked_acquires Acquires waiting for work (long polls) now.\n"
+        "# TYPE traincoord_parked_acquires gauge\ntraincoord_parked_acquires " +
+        std::to_string(parked()) +
+        "\n# HELP traincoord_parked_retries_total Times a parked acquire was asked again "
+        "(something that could answer it changed, or its wait ran out).\n"
+        "# TYPE traincoord_parked_retries_total counter\ntraincoord_parked_retries_total " +
+        std::to_string(parked_retries_) + "\n";
     if (transport_metrics_) transport_metrics_(text);
     if (journal_) journal_->append_metrics(text);
     if (options_.leadership) options_.leadership->append_metrics(text);
@@ -310,8 +339,8 @@ void Coordinator::journal_full_changed(bool full, std::vector<std::string>* noti
                         std::to_string(journal_->reserve_bytes() >> 20) + " MiB free"
                   : std::string("the journal has no room")) +
         ": taking no new work (503) until there is room; reads go on, leases do not expire");
-    for (auto& [run, queue] : parked_) {
-      for (Parked& p : queue) reply(std::move(p.to), journal_full_reply(), p.endpoint, run);
+    for (auto& [run, entry] : parked_) {
+      for (Parked& p : entry.queue) reply(std::move(p.to), journal_full_reply(), p.endpoint, run);
     }
     parked_.clear();
   } else {
@@ -324,6 +353,7 @@ void Coordinator::journal_full_changed(bool full, std::vector<std::string>* noti
 // when it changed something (handed out jobs, or expired leases on its way): as an acquire
 // without a wait, which replays to the reply it got (200; a "wait" when it found nothing).
 std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool timed_out) {
+  parked_retries_ += 1;
   const TimeMs t = clock_.hold();
   auto reply = api_.retry(parked, timed_out);
   clock_.release();
@@ -340,28 +370,82 @@ std::optional<HttpReply> Coordinator::retry(const ParkedAcquire& parked, bool ti
   return reply;
 }
 
+Coordinator::AnswerKey Coordinator::answer_key(std::string_view name, const ParkedRun& parked) {
+  AnswerKey k;
+  k.bumps = parked.bumps;
+  k.posted = posted_runs_;
+  auto run = engine_.find(name);
+  if (!run || !*run) return k;
+  const Run& r = **run;
+  const RunCounters& c = r.counters();
+  k.run = &r;
+  k.events = r.event_seq();
+  k.epochs = r.epochs().size();
+  k.expiries = c.lease_expiries;
+  k.failures = c.failure_reports;
+  k.voided = c.leases_voided;
+  k.restores = c.restores;
+  k.jobs_failed = c.jobs_failed;
+  k.cuts = c.cuts;
+  k.workers = r.workers().size();
+  k.generation = r.generation();
+  k.group_ranks = r.group_ranks();
+  k.state = static_cast<int>(r.state());
+  k.mode = static_cast<int>(r.mode());
+  return k;
+}
+
+uint64_t Coordinator::refresh(std::string_view run, ParkedRun& parked) {
+  AnswerKey key = answer_key(run, parked);
+  if (!(key == parked.key)) {
+    parked.key = key;
+    parked.generation += 1;
+  }
+  return parked.generation;
+}
+
 // Answers the parked acquires no longer admitted (their group was replaced meanwhile: a
 // restore, or a new group that took the run over), wherever they wait in the queue; then the
 // others in arrival order while there is an answer; then times out those whose wait has run
 // out.
-void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
+//
+// Job mode: any worker takes any job, so nothing for the first parked acquire is nothing for
+// the others either: the first is asked, and the others only while there is an answer. Step
+// mode: a rank is handed only its own batches (a batch given back goes to its rank), so
+// nothing for one rank says nothing of the next: each may be asked, but only once its run has
+// changed in a way that could answer it (AnswerKey) since its last try — W ranks parked at an
+// epoch's end are asked once each when the next epoch opens, not once each per report of the
+// ranks still training (W² retries per epoch on the engine thread).
+void Coordinator::serve_parked(std::string_view name, ParkedRun& parked, TimeMs now, bool sweep) {
+  std::deque<Parked>& queue = parked.queue;
+  const auto run = queue.empty() ? Result<Run*>(nullptr) : engine_.find(name);
+  const bool each = run && *run && (*run)->mode() == ScheduleMode::kSteps;
+  if (each) refresh(name, parked);
+  // Whether an acquire may have another answer than at its last try.
+  const auto changed = [&](const Parked& p) {
+    return !each || sweep || p.seen != parked.generation;
+  };
   for (auto it = queue.begin(); it != queue.end();) {
-    if (auto refused = api_.refusal(it->acquire)) {
+    if (!changed(*it)) {
+      ++it;
+    } else if (auto refused = api_.refusal(it->acquire)) {
       reply(std::move(it->to), std::move(*refused), it->endpoint, it->acquire.run);
       it = queue.erase(it);
     } else {
       ++it;
     }
   }
-  // Job mode: any worker takes any job, so nothing for the first parked acquire is nothing for
-  // the others either. Step mode: a rank is handed only its own batches (a batch given back
-  // goes to its rank), so nothing for one rank says nothing of the next: each is tried.
-  const auto run = queue.empty() ? Result<Run*>(nullptr) : engine_.find(queue.front().acquire.run);
-  const bool each = run && *run && (*run)->mode() == ScheduleMode::kSteps;
   for (auto it = queue.begin(); it != queue.end();) {
+    if (!changed(*it)) {
+      ++it;
+      continue;
+    }
     auto reply = retry(it->acquire, false);
+    // (A retry may change what could answer the others: a lease it expired on its way.)
+    if (each && api_.effect() != Effect::kNone) refresh(name, parked);
     if (!reply) {
       if (!each) break;
+      it->seen = parked.generation;
       ++it;
       continue;
     }
@@ -381,8 +465,8 @@ void Coordinator::serve_parked(std::deque<Parked>& queue, TimeMs now) {
 TimeMs Coordinator::next_wakeup_ms() const {
   TimeMs wake = options_.tick_ms;
   const TimeMs now = clock_.now();
-  for (const auto& [run, queue] : parked_) {
-    for (const Parked& p : queue)
+  for (const auto& [run, entry] : parked_) {
+    for (const Parked& p : entry.queue)
       wake = std::min(wake, std::max<TimeMs>(1, p.acquire.deadline - now));
   }
   return wake;
@@ -390,7 +474,7 @@ TimeMs Coordinator::next_wakeup_ms() const {
 
 size_t Coordinator::parked() const {
   size_t n = 0;
-  for (const auto& [run, queue] : parked_) n += queue.size();
+  for (const auto& [run, entry] : parked_) n += entry.queue.size();
   return n;
 }
 

@@ -109,6 +109,9 @@ class Coordinator {
   TimeMs next_wakeup_ms() const;
   // Acquires waiting for work (long polls).
   size_t parked() const;
+  // How many times a parked acquire was asked again (Api::retry), in all: its timeout's
+  // answer included (GET /metrics: traincoord_parked_retries_total).
+  uint64_t parked_retries() const { return parked_retries_; }
 
   // Adds the transport's own series to GET /metrics (called on this thread, in step()).
   void set_transport_metrics(std::function<void(std::string&)> append) {
@@ -132,13 +135,55 @@ class Coordinator {
     ParkedAcquire acquire;
     ReplyTo to;
     std::string_view endpoint;
+    // Step mode: the answer generation of its run (ParkedRun::generation) as of its last try,
+    // which found nothing.
+    uint64_t seen = 0;
+  };
+  // What of a run could answer a parked acquire of it, as the coordinator sees it: a parked
+  // acquire is asked again only once this has changed since its last try (step mode; see
+  // serve_parked). Reports alone (acquire, complete, heartbeat) change none of it unless they
+  // open or close an epoch, end the run or expire a lease on their way (each an event), which
+  // is what lets W ranks parked at an epoch's end wait without W retries per report.
+  struct AnswerKey {
+    const Run* run = nullptr;
+    uint64_t events = 0;    // Run::event_seq(): epochs opened and closed, leases expired, ...
+    uint64_t epochs = 0;    // epochs opened (a parked acquire is answered "wait" when one opens)
+    uint64_t expiries = 0;  // batches given back, to their rank: by a lease running out, ...
+    uint64_t failures = 0;  // ... a failure report, ...
+    uint64_t voided = 0;    // ... or a group taking the run over
+    uint64_t restores = 0;
+    uint64_t jobs_failed = 0;
+    uint64_t cuts = 0;
+    uint64_t workers = 0;
+    uint64_t generation = 0;  // the group's (admission)
+    uint64_t group_ranks = 0;
+    uint64_t bumps = 0;   // ParkedRun::bumps
+    uint64_t posted = 0;  // posted_runs_
+    int state = 0;
+    int mode = 0;
+    bool operator==(const AnswerKey&) const = default;
+  };
+  // The parked acquires of one run.
+  struct ParkedRun {
+    std::deque<Parked> queue;
+    // Requests that changed the run other than acquire, complete and heartbeat (a release, a
+    // leave, a registration, a restore, a config change, a cut, ...): each may give a rank its
+    // batch back or change who is admitted, so each counts as a change whatever it did.
+    uint64_t bumps = 0;
+    AnswerKey key;            // as of `generation`
+    uint64_t generation = 0;  // + 1 whenever the key is seen changed
+    TimeMs swept = 0;         // when every parked acquire was last tried, changed or not
   };
 
   HttpReply serve_get(const HttpRequest& request);
   void record(std::string_view run, TimeMs t, RecordKind kind, std::string_view target,
               std::string_view body, int outcome, std::string_view reply);
   std::optional<HttpReply> retry(const ParkedAcquire& parked, bool timed_out);
-  void serve_parked(std::deque<Parked>& queue, TimeMs now);
+  AnswerKey answer_key(std::string_view run, const ParkedRun& parked);
+  // The run's answer generation, advanced first if its key changed since it was last taken.
+  uint64_t refresh(std::string_view run, ParkedRun& parked);
+  // `sweep`: every parked acquire of the run is tried, changed or not.
+  void serve_parked(std::string_view run, ParkedRun& parked, TimeMs now, bool sweep);
   void journal_full_changed(bool full, std::vector<std::string>* notices);
 
   Engine& engine_;
@@ -153,9 +198,11 @@ class Coordinator {
   std::vector<Outgoing> outbox_;
   std::mutex posted_mu_;
   std::vector<std::function<void(Coordinator&)>> posted_;
-  std::map<std::string, std::deque<Parked>, std::less<>> parked_;
+  std::map<std::string, ParkedRun, std::less<>> parked_;
+  uint64_t posted_runs_ = 0;  // posted tasks run (HA: a run taken over replaces its Run)
   std::function<void(std::string&)> transport_metrics_;
   TimeMs last_tick_;
+  uint64_t parked_retries_ = 0;
   uint64_t pauses_seen_ = 0;    // clock_.pauses() when last told
   TimeMs skipped_told_ms_ = 0;  // clock_.skipped_ms() when last told
 };
