@@ -120,7 +120,9 @@ class HaCuts : public ::testing::Test {
       coordinators_[i] = ServerProcess::start({"--config", config_, "--journal", journal_});
       ASSERT_TRUE(coordinators_[i]);
       urls_.push_back(coordinators_[i]->url());
-      if (i == 0) ASSERT_EQ(await_leader(), 0);
+      if (i == 0) {
+        ASSERT_EQ(await_leader(), 0);
+      }
     }
   }
 
@@ -247,8 +249,7 @@ class HaCuts : public ::testing::Test {
         const Reply reply = post(rank, "complete",
                                  me(g, rank) + R"(, "lease": )" + std::to_string(h.lease) +
                                      R"(, "loss": )" + number(loss_of(h, 0, h.batches.size())) +
-                                     R"(, "samples": )" + std::to_string(h.batches.size()) +
-                                     R"(, "request": )" + std::to_string(++rank.request) + "}");
+                                     R"(, "samples": )" + std::to_string(h.batches.size()) + "}");
         EXPECT_EQ(reply.status, 200) << g.name << " rank " << r << ": " << reply.body;
         if (reply.status != 200) return true;
         const std::string outcome = parse(reply.body)["outcome"].GetString();
@@ -418,7 +419,9 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
   // The new group trains to the end, with a cut of its own on the way.
   bool done = false;
   for (int s = 0; s < 200 && !done; ++s) {
-    if (s == 5) ASSERT_NO_FATAL_FAILURE(checkpoint(g2));
+    if (s == 5) {
+      ASSERT_NO_FATAL_FAILURE(checkpoint(g2));
+    }
     done = step(g2);
     ASSERT_FALSE(HasFailure()) << say_all();
   }
