@@ -3,14 +3,16 @@
 // of ranks in job mode (driven in lockstep by the test, over HTTP as the clients speak it:
 // following 421 not_leader, the same request id on a retry) that trains a "model" counting its
 // visits per (set, epoch, batch) and checkpoints {the model, the cut's id} at fixed steps, some
-// cuts with partly trained jobs. The coordinator serving the run is killed with SIGKILL three
+// cuts with partly trained jobs. The coordinator serving the run is killed with SIGKILL four
 // times:
 //   1. right after a cut was acknowledged complete (the reply to the last rank's share);
-//   2. mid-training, after a later cut, more training, and one rank's share of a cut that never
+//   2. between two ranks' shares of a later cut (the other share completes it on the new
+//      leader: the first share survived);
+//   3. mid-training, after a later cut, more training, and one rank's share of a cut that never
 //      completes; then the group "crashes" (its ranks stop) and a new group of 3 ranks
 //      registers (restore_required, latest_cut: the last complete cut) and restores the last
 //      checkpoint's cut;
-//   3. right after that restore was acknowledged; the other ranks restore after the failover.
+//   4. right after that restore was acknowledged; the other ranks restore after the failover.
 // Checks: after each failover, every cut a leader acknowledged complete is there, as it was
 // acknowledged (its jobs done and partly trained jobs as the ranks counted them); the restore
 // puts the run back at the cut (its jobs done; the old group fenced off); the new group
@@ -293,7 +295,9 @@ class HaCuts : public ::testing::Test {
 
   // Every rank gives its share of the group's next cut; the checkpoint (the model, the cut's
   // id) is saved once the last share's reply says the cut is complete.
-  void checkpoint(Group& g) {
+  // With `kill_after_first`, the leader is killed once rank 0's share was answered (the cut
+  // half given): the other ranks' shares complete it on the new leader, as one cut.
+  void checkpoint(Group& g, bool kill_after_first = false) {
     g.seq += 1;
     CutRecord c;
     c.jobs_done = jobs_done_before_ + g.completed;
@@ -302,7 +306,15 @@ class HaCuts : public ::testing::Test {
       ASSERT_EQ(reply.status, 200) << reply.body;
       rapidjson::Document d = parse(reply.body);
       ASSERT_EQ(d["complete"].GetBool(), r + 1 == g.ranks.size()) << reply.body;
+      if (r > 0) {
+        ASSERT_EQ(d["cut"].GetInt64(), c.id) << "rank " << r << "'s share made another cut";
+        ASSERT_EQ(d["ranks"].Size(), static_cast<rapidjson::SizeType>(r + 1))
+            << "a share given before the failover was lost: " << reply.body;
+      }
       c.id = d["cut"].GetInt64();
+      if (r == 0 && kill_after_first) {
+        ASSERT_NO_FATAL_FAILURE(kill_leader("between two shares of a cut"));
+      }
     }
     c.model = model_;
     acknowledged_.push_back(c);
@@ -355,10 +367,10 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
   ASSERT_NO_FATAL_FAILURE(expect_cuts_intact("after the first failover"));
 
   // The group trains on under the new leader: steps 9-14, cut 3 (the checkpoint it will
-  // restart from), steps 15-19 (trained, then lost with the group), rank 0's share of a cut 4
-  // that never completes; the leader killed mid-training.
+  // restart from; the leader killed between its two shares), steps 15-19 (trained, then lost with
+  // the group), rank 0's share of a cut 4 that never completes; the leader killed mid-training.
   for (int s = 0; s < 6; ++s) ASSERT_FALSE(step(g1));
-  ASSERT_NO_FATAL_FAILURE(checkpoint(g1));
+  ASSERT_NO_FATAL_FAILURE(checkpoint(g1, /*kill_after_first=*/true));
   const CutRecord last = acknowledged_.back();
   for (int s = 0; s < 5; ++s) ASSERT_FALSE(step(g1));
   {
@@ -369,7 +381,7 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
   }
   ASSERT_FALSE(step(g1));
   ASSERT_NO_FATAL_FAILURE(kill_leader("mid-training, after cut 3 and half of cut 4"));
-  ASSERT_NO_FATAL_FAILURE(expect_cuts_intact("after the second failover"));
+  ASSERT_NO_FATAL_FAILURE(expect_cuts_intact("after the third failover"));
   const Model lost_with_g1 = model_;
 
   // The group crashes; its restart (a new group, 3 ranks) restores the last checkpoint's cut.
@@ -396,7 +408,7 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
     EXPECT_FALSE(d["restored"].GetBool()) << "the restore was lost in the failover: " << r.body;
     EXPECT_EQ(d["generation"].GetInt64(), generation) << r.body;
   }
-  ASSERT_NO_FATAL_FAILURE(expect_cuts_intact("after the third failover"));
+  ASSERT_NO_FATAL_FAILURE(expect_cuts_intact("after the fourth failover"));
   {
     rapidjson::Document d = get("/v1/runs/hacuts?epochs=0");
     ASSERT_TRUE(d.IsObject());
@@ -460,7 +472,7 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
     EXPECT_EQ(e["samples"].GetDouble(), static_cast<double>(n)) << set << " epoch " << epoch;
     EXPECT_NEAR(e["loss"].GetDouble(), expected, 1e-9) << set << " epoch " << epoch;
   }
-  EXPECT_EQ(failovers_, 3);
+  EXPECT_EQ(failovers_, 4);
   std::printf(
       "ha_cuts: %zu cuts acknowledged, each kept across %d failovers; restored cut %lld "
       "(%lld jobs done, %lld batches in partly trained jobs); %lld batches trained after it "
