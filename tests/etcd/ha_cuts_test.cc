@@ -1,9 +1,9 @@
 // Checkpoint cuts across etcd failovers (issue 20: "checkpoint cuts intact"; docs/HA.md,
 // "Chaos"): a real 3-member etcd cluster on loopback, two coordinators, a data-parallel group
 // of ranks in job mode (driven in lockstep by the test, over HTTP as the clients speak it:
-// following 421 not_leader, the same request id on a retry) that trains a "model" counting its
-// visits per (set, epoch, batch) and checkpoints {the model, the cut's id} at fixed steps, some
-// cuts with partly trained jobs. The coordinator serving the run is killed with SIGKILL four
+// following 421 not_leader, a retried acquire with its request id) that trains a "model" counting
+// its visits per (set, epoch, batch) and checkpoints {the model, the cut's id} at fixed steps, some
+// cuts with partly trained jobs. The coordinator serving the run is killed with SIGKILL five
 // times:
 //   1. right after a cut was acknowledged complete (the reply to the last rank's share);
 //   2. between two ranks' shares of a later cut (the other share completes it on the new
@@ -12,7 +12,9 @@
 //      completes; then the group "crashes" (its ranks stop) and a new group of 3 ranks
 //      registers (restore_required, latest_cut: the last complete cut) and restores the last
 //      checkpoint's cut;
-//   4. right after that restore was acknowledged; the other ranks restore after the failover.
+//   4. right after that restore was acknowledged; the other ranks restore after the failover;
+//   5. while the last share of a cut of the new group is on its way (its reply may be lost):
+//      the share sent again answers the same cut, complete; no (group, seq) makes two cuts.
 // Checks: after each failover, every cut a leader acknowledged complete is there, as it was
 // acknowledged (its jobs done and partly trained jobs as the ranks counted them); the restore
 // puts the run back at the cut (its jobs done; the old group fenced off); the new group
@@ -146,8 +148,9 @@ class HaCuts : public ::testing::Test {
   }
   // Kills the coordinator serving the run with SIGKILL (by its PID), waits for the other to
   // serve it, and starts the killed one again on its port (a standby now).
-  void kill_leader(const char* when) {
-    const int led = leader();
+  // `known`: the coordinator that leads, when the caller knows it (no time lost asking).
+  void kill_leader(const char* when, int known = -1) {
+    const int led = known >= 0 ? known : leader();
     ASSERT_GE(led, 0) << "no coordinator serves the run before the kill " << when << say_all();
     const auto killed_at = Clock::now();
     coordinators_[led]->kill(SIGKILL);
@@ -275,8 +278,9 @@ class HaCuts : public ::testing::Test {
     return buf;
   }
 
-  // Rank `r`'s share of the group's next cut: its partly trained job, if any.
-  Reply share(Group& g, size_t r, int seq, int64_t* partial_jobs, int64_t* partial_batches) {
+  // Rank `r`'s share of the group's cut `seq`: its partly trained job, if any.
+  std::string share_body(Group& g, size_t r, int seq, int64_t* partial_jobs,
+                         int64_t* partial_batches) {
     Rank& rank = g.ranks[r];
     std::string parts;
     if (rank.held && rank.held->trained > 0) {
@@ -287,21 +291,42 @@ class HaCuts : public ::testing::Test {
       *partial_jobs += 1;
       *partial_batches += static_cast<int64_t>(h.trained);
     }
-    return post(rank, "cuts",
-                me(g, rank) + R"(, "seq": )" + std::to_string(seq) + R"(, "rank": )" +
-                    std::to_string(r) + R"(, "world_size": )" + std::to_string(g.ranks.size()) +
-                    R"(, "parts": [)" + parts + "]}");
+    return me(g, rank) + R"(, "seq": )" + std::to_string(seq) + R"(, "rank": )" +
+           std::to_string(r) + R"(, "world_size": )" + std::to_string(g.ranks.size()) +
+           R"(, "parts": [)" + parts + "]}";
+  }
+  Reply share(Group& g, size_t r, int seq, int64_t* partial_jobs, int64_t* partial_batches) {
+    return post(g.ranks[r], "cuts", share_body(g, r, seq, partial_jobs, partial_batches));
   }
 
   // Every rank gives its share of the group's next cut; the checkpoint (the model, the cut's
   // id) is saved once the last share's reply says the cut is complete.
   // With `kill_after_first`, the leader is killed once rank 0's share was answered (the cut
   // half given): the other ranks' shares complete it on the new leader, as one cut.
-  void checkpoint(Group& g, bool kill_after_first = false) {
+  // With `kill_during_last`, the leader is killed while the last share is on its way (its reply
+  // may be lost): the share sent again to the new leader answers the same cut, complete.
+  void checkpoint(Group& g, bool kill_after_first = false, bool kill_during_last = false) {
     g.seq += 1;
     CutRecord c;
     c.jobs_done = jobs_done_before_ + g.completed;
     for (size_t r = 0; r < g.ranks.size(); ++r) {
+      std::optional<int64_t> first_answer;  // the cut the share in flight was answered, if it was
+      if (kill_during_last && r + 1 == g.ranks.size()) {
+        int64_t pj = 0, pb = 0;
+        const int led = leader();
+        ASSERT_GE(led, 0);
+        const std::string body = share_body(g, r, g.seq, &pj, &pb);
+        Reply in_flight;  // sent once, to the leader: its reply may be lost
+        std::thread sender(
+            [&] { in_flight = http(urls_[led], "POST", "/v1/runs/hacuts/cuts", body, 5000); });
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+        kill_leader("while the last share of a cut was on its way", led);
+        sender.join();
+        ASSERT_FALSE(HasFailure());
+        std::printf("ha_cuts: the share on its way was answered: %s\n",
+                    in_flight.status ? in_flight.body.c_str() : "(no answer)");
+        if (in_flight.status == 200) first_answer = parse(in_flight.body)["cut"].GetInt64();
+      }
       const Reply reply = share(g, r, g.seq, &c.partial_jobs, &c.partial_batches);
       ASSERT_EQ(reply.status, 200) << reply.body;
       rapidjson::Document d = parse(reply.body);
@@ -312,6 +337,9 @@ class HaCuts : public ::testing::Test {
             << "a share given before the failover was lost: " << reply.body;
       }
       c.id = d["cut"].GetInt64();
+      if (first_answer) {
+        EXPECT_EQ(*first_answer, c.id) << "the share sent again made another cut";
+      }
       if (r == 0 && kill_after_first) {
         ASSERT_NO_FATAL_FAILURE(kill_leader("between two shares of a cut"));
       }
@@ -325,7 +353,13 @@ class HaCuts : public ::testing::Test {
     rapidjson::Document d = get("/v1/runs/hacuts/cuts");
     ASSERT_TRUE(d.IsObject()) << when;
     std::map<int64_t, const rapidjson::Value*> kept;
-    for (const auto& c : d["cuts"].GetArray()) kept[c["id"].GetInt64()] = &c;
+    std::map<std::pair<std::string, int64_t>, int> taken;  // (group, seq) -> cuts
+    for (const auto& c : d["cuts"].GetArray()) {
+      kept[c["id"].GetInt64()] = &c;
+      const int n = taken[{c["group"].GetString(), c["seq"].GetInt64()}] += 1;
+      EXPECT_EQ(n, 1) << "two cuts of group " << c["group"].GetString() << " seq "
+                      << c["seq"].GetInt64() << " " << when;
+    }
     for (const CutRecord& a : acknowledged_) {
       ASSERT_TRUE(kept.count(a.id)) << "cut " << a.id << " was acknowledged complete, and is "
                                     << "not kept " << when << say_all();
@@ -432,7 +466,8 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
   bool done = false;
   for (int s = 0; s < 200 && !done; ++s) {
     if (s == 5) {
-      ASSERT_NO_FATAL_FAILURE(checkpoint(g2));
+      ASSERT_NO_FATAL_FAILURE(
+          checkpoint(g2, /*kill_after_first=*/false, /*kill_during_last=*/true));
     }
     done = step(g2);
     ASSERT_FALSE(HasFailure()) << say_all();
@@ -472,7 +507,7 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
     EXPECT_EQ(e["samples"].GetDouble(), static_cast<double>(n)) << set << " epoch " << epoch;
     EXPECT_NEAR(e["loss"].GetDouble(), expected, 1e-9) << set << " epoch " << epoch;
   }
-  EXPECT_EQ(failovers_, 4);
+  EXPECT_EQ(failovers_, 5);
   std::printf(
       "ha_cuts: %zu cuts acknowledged, each kept across %d failovers; restored cut %lld "
       "(%lld jobs done, %lld batches in partly trained jobs); %lld batches trained after it "
