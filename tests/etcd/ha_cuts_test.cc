@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -121,13 +122,22 @@ class HaCuts : public ::testing::Test {
     config_ = dir_.write("hacuts.toml", kRun);
     journal_ = "etcd://" + cluster_.endpoints() + "/hacuts";
     for (int i = 0; i < 2; ++i) {
-      coordinators_[i] = ServerProcess::start({"--config", config_, "--journal", journal_});
+      coordinators_[i] = ServerProcess::start(serve_args());
       ASSERT_TRUE(coordinators_[i]);
       urls_.push_back(coordinators_[i]->url());
       if (i == 0) {
         ASSERT_EQ(await_leader(), 0);
       }
     }
+  }
+
+  std::vector<std::string> serve_args() const {
+    // A snapshot every 7 records (etcd's default is 10,000): each new leader loads the run,
+    // its cuts included, from a snapshot in etcd and replays the records since it.
+    const char* every = std::getenv("HA_CUTS_SNAPSHOT_EVERY");
+    return {"--config",         config_,
+            "--journal",        journal_,
+            "--snapshot-every", every && *every ? every : "7"};
   }
 
   // Which coordinator serves the run now (-1: none).
@@ -152,6 +162,7 @@ class HaCuts : public ::testing::Test {
   void kill_leader(const char* when, int known = -1) {
     const int led = known >= 0 ? known : leader();
     ASSERT_GE(led, 0) << "no coordinator serves the run before the kill " << when << say_all();
+    if (known < 0) snapshots_ += snapshots_by(led);
     const auto killed_at = Clock::now();
     coordinators_[led]->kill(SIGKILL);
     coordinators_[led].reset();
@@ -160,10 +171,17 @@ class HaCuts : public ::testing::Test {
     std::printf("ha_cuts: leader %s killed %s; %s serves the run %.2f s later\n",
                 urls_[led].c_str(), when, urls_[now].c_str(),
                 std::chrono::duration<double>(Clock::now() - killed_at).count());
-    coordinators_[led] =
-        ServerProcess::start({"--config", config_, "--journal", journal_}, port_of(urls_[led]));
+    coordinators_[led] = ServerProcess::start(serve_args(), port_of(urls_[led]));
     ASSERT_TRUE(coordinators_[led]) << "cannot start " << urls_[led] << " again";
     failovers_ += 1;
+  }
+
+  // The snapshots coordinator `i` wrote to etcd since it started (its /metrics).
+  int64_t snapshots_by(int i) {
+    const Reply r = http(urls_[i], "GET", "/metrics", "", 3000);
+    const std::string name = "\ntraincoord_etcd_snapshots_total ";
+    const auto at = r.body.find(name);
+    return at == std::string::npos ? 0 : std::stoll(r.body.substr(at + name.size()));
   }
 
   std::string say_all() {
@@ -382,6 +400,7 @@ class HaCuts : public ::testing::Test {
   int64_t jobs_done_before_ = 0;  // jobs done when the current group took over
   std::vector<CutRecord> acknowledged_;
   int failovers_ = 0;
+  int64_t snapshots_ = 0;  // written by the leaders before they were killed
 };
 
 TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatchOnce) {
@@ -508,13 +527,16 @@ TEST_F(HaCuts, CutsAcknowledgedBeforeLeaderKillsAreKeptAndARestoreTrainsEachBatc
     EXPECT_NEAR(e["loss"].GetDouble(), expected, 1e-9) << set << " epoch " << epoch;
   }
   EXPECT_EQ(failovers_, 5);
+  EXPECT_GT(snapshots_, 0) << "no leader wrote a snapshot before it was killed";
   std::printf(
-      "ha_cuts: %zu cuts acknowledged, each kept across %d failovers; restored cut %lld "
+      "ha_cuts: %zu cuts acknowledged, each kept across %d failovers (%lld snapshots written by "
+      "the killed leaders); restored cut %lld "
       "(%lld jobs done, %lld batches in partly trained jobs); %lld batches trained after it "
       "handed out again; every batch once; %.1f s\n",
-      acknowledged_.size(), failovers_, static_cast<long long>(last.id),
-      static_cast<long long>(last.jobs_done), static_cast<long long>(last.partial_batches),
-      static_cast<long long>(lost), std::chrono::duration<double>(Clock::now() - from).count());
+      acknowledged_.size(), failovers_, static_cast<long long>(snapshots_),
+      static_cast<long long>(last.id), static_cast<long long>(last.jobs_done),
+      static_cast<long long>(last.partial_batches), static_cast<long long>(lost),
+      std::chrono::duration<double>(Clock::now() - from).count());
 }
 
 }  // namespace
