@@ -805,6 +805,10 @@ int conclude(const AgentOutcome& outcome, AgentDriver& driver, Host& h, bool tty
     std::cerr << "traincoord launch: worker rank" << e.local_rank << " exited with " << e.exit_code
               << "\n";
   }
+  for (const RankExit& e : outcome.stopped_ranks) {
+    std::cerr << "traincoord launch: worker rank" << e.local_rank
+              << " stopped with its group (exit " << e.exit_code << ")\n";
+  }
   const int code = launch_exit_code(outcome, state);
   if (code == exit_code::kRunUnfinished && state == "running") {
     std::cerr << "traincoord launch: every worker exited, but the run is not finished\n";

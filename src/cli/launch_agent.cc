@@ -89,6 +89,7 @@ LaunchAgent::LaunchAgent(AgentSettings settings, AgentMs now)
       first_contact_by_(now + std::min<AgentMs>(kFirstContactMs, s_.rdzv_timeout_s * 1000LL)),
       poll_ms_(std::clamp<AgentMs>(static_cast<AgentMs>(s_.node_timeout_s * 1000 / 5), 100, 2000)),
       exit_codes_(static_cast<size_t>(s_.workers), -1),
+      stopped_with_group_(static_cast<size_t>(s_.workers), false),
       alive_(static_cast<size_t>(s_.workers), false),
       last_poll_(now),
       last_print_(now - 10'000) {}
@@ -146,8 +147,12 @@ std::vector<AgentAction> LaunchAgent::on(const AgentEvent& event, AgentMs now) {
       // A rank this agent stopped because its group stopped (a rank failed, here or on another
       // node; the round ended) did not fail: its SIGTERM's 143 is the agent's doing. Else a node
       // whose group re-forms without it, and whose run then ends, would exit 1 on that 143.
-      if (stopped_here && after_stop_ == AfterStop::kRestartOrGiveUp) {
-        exit_codes_[r] = kStoppedByTheAgent;
+      // (Only an exit the stop explains: a rank that crashed on its own just before the SIGTERM
+      // reached it, with 1 or 139, is still a failure.)
+      const bool by_the_stop =
+          e.exit_code == 0 || e.exit_code == 128 + SIGTERM || e.exit_code == 128 + SIGKILL;
+      if (stopped_here && by_the_stop && after_stop_ == AfterStop::kRestartOrGiveUp) {
+        stopped_with_group_[r] = true;
       }
     }
     TC_ASSERT(std::none_of(alive_.begin(), alive_.end(), [](bool a) { return a; }));
@@ -368,6 +373,7 @@ void LaunchAgent::start_group(const Standing& at, AgentMs now, std::vector<Agent
                        std::to_string(at.master_port) + ")\n"});
   out.emplace_back(StartRanks{at, restarts_});
   std::fill(exit_codes_.begin(), exit_codes_.end(), -1);
+  std::fill(stopped_with_group_.begin(), stopped_with_group_.end(), false);
   std::fill(alive_.begin(), alive_.end(), true);
   failure_.reset();
   round_ended_ = coordinator_gone_ = false;
@@ -450,11 +456,9 @@ void LaunchAgent::finish(std::vector<AgentAction>& out) {
   outcome.interrupted = interrupted_;
   outcome.gave_up_why = gave_up_why_;
   for (size_t r = 0; r < exit_codes_.size(); ++r) {
-    // (-1: never started, the run ended before a group formed; kStoppedByTheAgent: no failure)
-    if (exit_codes_[r] > 0) {
-      outcome.failed_ranks.push_back(
-          RankExit{static_cast<int>(at_.rank_offset + r), exit_codes_[r]});
-    }
+    if (exit_codes_[r] <= 0) continue;  // (-1: never started, the run ended before a group formed)
+    (stopped_with_group_[r] ? outcome.stopped_ranks : outcome.failed_ranks)
+        .push_back(RankExit{static_cast<int>(at_.rank_offset + r), exit_codes_[r]});
   }
   out.emplace_back(Finish{std::move(outcome)});
   phase_ = Phase::kDone;

@@ -91,6 +91,9 @@ struct AgentOutcome {
   bool interrupted = false;
   std::optional<std::string> gave_up_why;  // no restart left, the coordinator gone, a timeout
   std::vector<RankExit> failed_ranks;      // of the last group, exit code > 0; rank: global
+  // Of the last group, ranks this agent stopped because the group stopped (no failure of their
+  // own: 143 is the agent's SIGTERM); rank: global.
+  std::vector<RankExit> stopped_ranks;
 };
 struct Finish {
   AgentOutcome outcome;
@@ -171,10 +174,10 @@ class LaunchAgent {
   std::optional<AgentMs> trouble_since_, waiting_since_;
   Pace trouble_said_{10'000, {}}, waiting_said_{5'000, {}};
   AgentMs backoff_ms_ = 0;
-  // The group of this node: each rank's exit code (-1 while it runs or never ran;
-  // kStoppedByTheAgent: stopped with its group, for a restart), alive or not.
-  static constexpr int kStoppedByTheAgent = -2;
+  // The group of this node: each rank's exit code (-1 while it runs or never ran), alive or not,
+  // and whether the agent stopped it with its group, for a restart (then no failure).
   std::vector<int> exit_codes_;
+  std::vector<bool> stopped_with_group_;
   std::vector<bool> alive_;
   std::optional<std::string> failure_;  // why this node's group stops
   bool round_ended_ = false, coordinator_gone_ = false;

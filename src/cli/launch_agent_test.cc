@@ -110,8 +110,37 @@ TEST(LaunchAgent, ANodeWhoseGroupReformedWithoutItEndsWellWhenTheRunCompletes) {
   ASSERT_TRUE(agent.finished());
   const AgentOutcome& o = std::get<Finish>(out.back()).outcome;
   EXPECT_TRUE(o.failed_ranks.empty());
+  ASSERT_EQ(o.stopped_ranks.size(), 2u);
+  EXPECT_EQ(o.stopped_ranks[0].local_rank, 2);  // (the global rank)
+  EXPECT_EQ(o.stopped_ranks[1].exit_code, 143);
   EXPECT_FALSE(o.gave_up_why);
   EXPECT_EQ(launch_exit_code(o, "completed"), exit_code::kOk);
+}
+
+// (found by review) A rank that crashed on its own just before the stop's SIGTERM reached it
+// exits with its own code: that is a failure, named, whatever the stop was for.
+TEST(LaunchAgent, ARankThatCrashedOnItsOwnDuringTheStopStillCountsAsFailed) {
+  LaunchAgent agent(settings(2, 2), 0);
+  agent.start(0);
+  agent.on(Replied{RdzvCall::kJoin, running_round(1)}, 10);
+  Standing ended = running_round(1);
+  ended.state = NodeState::kRestart;
+  agent.on(Waited{0, {}}, 5'000);
+  agent.on(Replied{RdzvCall::kPoll, ended}, 5'010);
+  agent.on(RanksStopped{{RankExit{0, 139}, RankExit{1, 143}}}, 5'100);
+  Standing done;
+  done.state = NodeState::kWaiting;
+  done.run_state = RunState::kCompleted;
+  agent.on(Replied{RdzvCall::kJoin, done}, 5'200);
+  auto out = agent.on(Replied{RdzvCall::kLeave, Standing{}}, 5'300);
+  ASSERT_TRUE(agent.finished());
+  const AgentOutcome& o = std::get<Finish>(out.back()).outcome;
+  ASSERT_EQ(o.failed_ranks.size(), 1u);
+  EXPECT_EQ(o.failed_ranks[0].local_rank, 2);
+  EXPECT_EQ(o.failed_ranks[0].exit_code, 139);
+  ASSERT_EQ(o.stopped_ranks.size(), 1u);
+  EXPECT_EQ(o.stopped_ranks[0].local_rank, 3);
+  EXPECT_EQ(launch_exit_code(o, "completed"), exit_code::kFailed);
 }
 
 TEST(LaunchAgent, GivesUpWithNoRestartLeftAndExits1) {
