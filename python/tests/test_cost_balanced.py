@@ -112,9 +112,11 @@ def test_the_cost_balanced_loop_of_the_docs_trains_every_sample_once_and_fits_th
         assert len(train) == 3
         for e in train:  # lockstep: every rank the same number of steps
             assert e["ranks"] == 2 and e["done"] == 2 * e["steps"], e
-        # Epoch 0 was planned with the declared cost; the later ones with the fitted model,
-        # frozen (a speed per rank).
-        assert train[0]["planned_with"]["speeds"] == [], train[0]
+        # Epoch 0 was planned with the declared cost (no speeds), and the steps no rank had
+        # begun once the model had every rank's speed re-planned with it (the warm-up re-plan:
+        # then a speed per rank; a prefetch deep enough may have begun them all); the later
+        # ones with the fitted model from the start, frozen (a speed per rank).
+        assert len(train[0]["planned_with"]["speeds"]) in (0, 2), train[0]
         assert all(len(e["planned_with"]["speeds"]) == 2 for e in train[1:]), train
         checksum = status["config"]["lengths"]["train"]["xxh3"]
     finally:

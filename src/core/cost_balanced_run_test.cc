@@ -272,8 +272,9 @@ TEST_F(CostBalancedRun, ASnapshotRestoresTheFrozenModelTheModelAndTheSamePlan) {
   const size_t varint = model.reports() < 128 ? 1 : 2;
   ASSERT_EQ(varint, model.reports() + 1 < 128 ? 1u : 2u);
   std::string damaged = bytes;
-  const size_t at = damaged.size() - 1 - RunCodec::format10_bytes(run).size() -
-                    8 * (3 + model.ranks()) - varint;  // (then the series, the mode)
+  const size_t at = damaged.size() - RunCodec::format11_bytes(run).size() - 1 -
+                    RunCodec::format10_bytes(run).size() - 8 * (3 + model.ranks()) -
+                    varint;  // (then the series, the mode, the re-plans)
   const uint64_t more = model.reports() + 1;
   if (varint == 1) {
     damaged[at] = static_cast<char>(more);
@@ -309,14 +310,17 @@ TEST_F(CostBalancedRun, AFormat8SnapshotStillLoads) {
   const std::vector<WorkerId> ranks = group(run, "g", 2);
   ASSERT_TRUE(run.acquire(ranks[0]));
   const std::string bytes = RunCodec::save(run);
-  // Format 10's tail: the series, the mode, steps (1). Format 9's before it: per epoch three
-  // doubles 0.0 and no speeds (25 zero bytes), no model (1).
-  ASSERT_EQ(bytes.back(), '\1');
-  const size_t ten = 1 + RunCodec::format10_bytes(run).size();
+  // Format 11's tail: no epoch re-planned (a 0 each). Format 10's before it: the series, the
+  // mode, steps (1). Format 9's before that: per epoch three doubles 0.0 and no speeds (25 zero
+  // bytes), no model (1).
+  const size_t eleven = run.epochs().size();
+  ASSERT_EQ(bytes.substr(bytes.size() - eleven), std::string(eleven, '\0'));
+  ASSERT_EQ(bytes[bytes.size() - eleven - 1], '\1');
+  const size_t ten = eleven + 1 + RunCodec::format10_bytes(run).size();
   const size_t tail = 25 * run.epochs().size() + 1;
   ASSERT_EQ(bytes.substr(bytes.size() - ten - tail, tail), std::string(tail, '\0'));
   std::string v8 = bytes.substr(0, bytes.size() - ten - tail);
-  ASSERT_EQ(v8[5], 10);
+  ASSERT_EQ(v8[5], 11);
   v8[5] = 8;
   auto old = RunCodec::load(config, v8, clock_);
   ASSERT_TRUE(old) << old.error().message;
@@ -407,6 +411,290 @@ TEST_F(CostBalancedRun, SeededRestoresAtOtherWorldSizesTrainEachSampleOnce) {
     ASSERT_TRUE(RunCodec::load(config, RunCodec::save(run), clock_));
   }
   EXPECT_GT(relaid, 5u);
+}
+
+// ---- the warm-up re-plan (Epoch::replanned_after) ----
+
+// The true time of a planned batch (as true_seconds), rank `slow` twice as long.
+double true_time(const std::vector<double>& lengths, const RankBatch& b, uint32_t rank,
+                 uint32_t slow) {
+  if (b.samples.empty()) return 0;
+  double longest = 0;
+  for (uint64_t s : b.samples) longest = std::max(longest, lengths[s]);
+  const double n = static_cast<double>(b.samples.size());
+  const double t = 0.002 + n * (0.0005 * longest + 0.00002 * longest * longest);
+  return rank == slow ? 2 * t : t;
+}
+
+// A plan's epoch time (Σ over steps of the slowest batch) and straggling S (mean over steps of
+// the slowest batch's time over the mean batch's), under the true times.
+struct TrueFigures {
+  double time = 0;
+  double straggling = 0;
+};
+TrueFigures true_figures(const StepPlan& plan, const std::vector<double>& lengths, uint32_t slow) {
+  TrueFigures f;
+  for (const Step& s : plan.steps) {
+    double slowest = 0, sum = 0;
+    for (uint32_t r = 0; r < s.batches.size(); ++r) {
+      const double t = true_time(lengths, s.batches[r], r, slow);
+      slowest = std::max(slowest, t);
+      sum += t;
+    }
+    f.time += slowest;
+    f.straggling += slowest / (sum / static_cast<double>(s.batches.size()));
+  }
+  f.straggling /= static_cast<double>(plan.steps.size());
+  return f;
+}
+
+RunConfig one_epoch_config() {
+  RunConfig c = cost_config();
+  c.epochs = 1;
+  c.validation_every = 0;
+  return c;
+}
+
+// A run of one epoch (an LLM's, or any long one): the first epoch is planned with the declared
+// cost, every rank alike; once the model is fitted with every rank's speed (8 reports, 3 of
+// each rank: 4 steps of 2 ranks), the next hand-out re-plans the steps not begun, and the slow
+// rank gets about half the work per step for the rest of that same epoch.
+TEST_F(CostBalancedRun, TheFirstEpochIsRePlannedOnceTheModelIsFittedAndTheSlowRankGetsLess) {
+  RunConfig config = one_epoch_config();  // batches of a few dozen samples, not of a few
+  config.train_samples = config.train_batches = 2000;
+  config.train_lengths = lengths_of(2000, 1);
+  config.batch_budget = 400;
+  traincoord::Run run(config, clock_);
+  const std::vector<WorkerId> ranks = group(run, "g", 2);
+  train_in_lockstep(run, ranks);
+  ASSERT_EQ(run.state(), RunState::kCompleted);
+  expect_each_sample_once(config);
+  ASSERT_EQ(steps_.size(), 1u);
+  EXPECT_EQ(steps_.begin()->second.at(0), steps_.begin()->second.at(1));
+  ASSERT_EQ(run.epochs().size(), 1u);
+  const Epoch& e = run.epochs()[0];
+  EXPECT_EQ(e.replanned_after, 4u);  // the hand-out after the 8th report
+  EXPECT_EQ(e.first_cost.describe(), config.cost.describe());
+  ASSERT_EQ(e.plan_speeds.size(), 2u);
+  EXPECT_NEAR(e.plan_speeds[1], 2.0, 0.1);
+  EXPECT_NEAR(e.plan_speeds[0], 1.0, 1e-9);
+  const StepPlan& plan = run.cost_plan(e);
+  EXPECT_EQ(steps_.begin()->second.at(0), plan.steps.size());
+  // The steps kept are the declared plan's; the rest gives the slow rank about half.
+  const StepPlan declared = plan_epoch_steps(
+      StepPlanConfig{2, config.seed, SetKind::kTrain, 0, 400, config.cost, {}, BucketOptions{}},
+      2000, config.train_lengths, 0);
+  ASSERT_GT(declared.steps.size(), 8u);
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(plan.steps[k], declared.steps[k]) << "step " << k;
+  auto ratio = [&](const StepPlan& p, size_t from, size_t to) {  // slow ÷ fast, at speed 1
+    double fast = 0, slow = 0;
+    for (size_t k = from; k < to; ++k) {
+      fast += true_time(config.train_lengths, p.steps[k].batches[0], 0, 9);
+      slow += true_time(config.train_lengths, p.steps[k].batches[1], 1, 9);
+    }
+    return slow / fast;
+  };
+  const size_t last = plan.steps.size() - 1;  // (the last step splits what is left)
+  EXPECT_NEAR(ratio(declared, 0, declared.steps.size() - 1), 1.0, 0.35);
+  EXPECT_NEAR(ratio(plan, 4, last), 0.5, 0.15);
+  // So the epoch straggles less and takes less time than planned blind throughout.
+  const TrueFigures with = true_figures(plan, config.train_lengths, 1);
+  const TrueFigures without = true_figures(declared, config.train_lengths, 1);
+  EXPECT_LT(with.straggling, without.straggling - 0.1);
+  EXPECT_LT(with.time, 0.9 * without.time);
+  // Once: the event says it.
+  int replans = 0;
+  for (const Event& ev : run.events()) replans += ev.kind == EventKind::kEpochReplanned;
+  EXPECT_EQ(replans, 1);
+}
+
+// A rank ahead of the others (prefetch) has begun steps whose other batches wait, queued, for
+// their ranks: the re-plan keeps every step up to the furthest begun, and the rank behind gets
+// the very batches it would have had.
+TEST_F(CostBalancedRun, TheRePlanKeepsEveryStepARankAheadBegan) {
+  const RunConfig config = one_epoch_config();
+  traincoord::Run run(config, clock_);
+  const std::vector<WorkerId> ranks = group(run, "g", 2);
+  std::map<uint32_t, uint64_t> steps_of_rank;
+  auto take = [&](uint32_t r, uint32_t n) {
+    auto a = run.acquire(ranks[r], 0, n);
+    EXPECT_TRUE(a && a->status == AcquireStatus::kJob);
+    std::vector<Job> jobs;
+    if (!a || a->status != AcquireStatus::kJob) return jobs;
+    jobs.push_back(a->job);
+    jobs.insert(jobs.end(), a->more.begin(), a->more.end());
+    for (const Job& j : jobs) EXPECT_EQ(j.rank, r);
+    steps_of_rank[r] += jobs.size();
+    return jobs;
+  };
+  for (int k = 0; k < 3; ++k) {  // 6 reports: not fitted
+    const Job j0 = take(0, 1).at(0), j1 = take(1, 1).at(0);
+    train(run, ranks[0], j0);
+    train(run, ranks[1], j1);
+  }
+  const std::vector<Job> ahead = take(0, 4);  // rank 0: steps 3 to 6
+  ASSERT_EQ(ahead.size(), 4u);
+  EXPECT_EQ(ahead.back().step, 6u);
+  const Job behind = take(1, 1).at(0);  // rank 1: step 3
+  EXPECT_EQ(behind.step, 3u);
+  train(run, ranks[0], ahead[0]);
+  train(run, ranks[1], behind);  // the 8th report: fitted, every rank's speed
+  ASSERT_TRUE(run.cost_model()->fitted_for_every_rank());
+  const StepPlan before = run.cost_plan(run.epochs()[0]);
+  EXPECT_EQ(run.epochs()[0].replanned_after, 0u);
+  const std::vector<Job> next = take(1, 3);  // re-plans, then steps 4 to 6 as planned before
+  const Epoch& e = run.epochs()[0];
+  EXPECT_EQ(e.replanned_after, 7u);
+  ASSERT_EQ(next.size(), 3u);
+  for (const Job& j : next) {
+    EXPECT_EQ(j.samples, before.steps[j.step].batches[1].samples) << "step " << j.step;
+  }
+  const StepPlan& after = run.cost_plan(e);
+  for (size_t k = 0; k < 7; ++k) EXPECT_EQ(after.steps[k], before.steps[k]) << "step " << k;
+  EXPECT_NE(after.steps[7], before.steps[7]);
+  for (size_t i = 1; i < ahead.size(); ++i) train(run, ranks[0], ahead[i]);
+  for (const Job& j : next) train(run, ranks[1], j);
+  train_in_lockstep(run, ranks);
+  ASSERT_EQ(run.state(), RunState::kCompleted);
+  expect_each_sample_once(config);
+  const uint64_t lockstep = steps_.begin()->second.at(0);
+  EXPECT_EQ(steps_of_rank[0] + lockstep, after.steps.size());
+  EXPECT_EQ(steps_of_rank[1] + steps_.begin()->second.at(1), after.steps.size());
+}
+
+// The requests of a run whose first epoch is re-planned while rank 0 is ahead, a cut after it,
+// and batches in flight at the end: a journal replays exactly such a sequence.
+std::string drive_warm_up(traincoord::Run& run, std::vector<WorkerId>* ids) {
+  for (uint32_t r = 0; r < 2; ++r) {
+    (void)run.join_group("g");
+    ids->push_back(run.join("g-" + std::to_string(r), "g", GroupRank{r, 2}));
+  }
+  auto report = [&](uint32_t r, const Job& j) {
+    Completion c{0.5, j.samples.size(), {}};
+    c.seconds = true_seconds(run.config(), j, 1);
+    (void)run.complete((*ids)[r], j.lease, c);
+  };
+  for (int k = 0; k < 3; ++k) {
+    const auto a = run.acquire((*ids)[0]);
+    const auto b = run.acquire((*ids)[1]);
+    report(0, a->job);
+    report(1, b->job);
+  }
+  const auto ahead = run.acquire((*ids)[0], 0, 3);
+  const auto behind = run.acquire((*ids)[1]);
+  report(0, ahead->job);
+  report(1, behind->job);
+  const auto next = run.acquire((*ids)[1], 0, 2);  // the re-plan
+  for (const Job& j : ahead->more) report(0, j);
+  report(1, next->job);
+  for (uint32_t r = 0; r < 2; ++r) (void)run.cut((*ids)[r], "g", 1, r, 2, {});
+  (void)run.acquire((*ids)[0]);  // in flight at the snapshot
+  return RunCodec::save(run);
+}
+
+TEST_F(CostBalancedRun, AReplayAndASnapshotAfterTheRePlanGiveTheSameStateAndPlan) {
+  const RunConfig config = one_epoch_config();
+  ManualClock clock_a, clock_b;
+  traincoord::Run a(config, clock_a), b(config, clock_b);
+  std::vector<WorkerId> ids_a, ids_b;
+  const std::string bytes = drive_warm_up(a, &ids_a);
+  EXPECT_EQ(drive_warm_up(b, &ids_b), bytes);
+  const Epoch& e = a.epochs()[0];
+  ASSERT_EQ(e.replanned_after, 6u);
+  ASSERT_EQ(e.leased, 2u);  // rank 1's step 5, rank 0's step 6
+  EXPECT_NE(RunCodec::format11_bytes(a), std::string(1, '\0'));
+  // The snapshot loads to the same state, the same plan, the same next batches.
+  auto loaded = RunCodec::load(config, bytes, clock_a);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  traincoord::Run& c = **loaded;
+  EXPECT_EQ(RunCodec::save(c), bytes);
+  EXPECT_EQ(c.epochs()[0].replanned_after, 6u);
+  EXPECT_EQ(c.cost_plan(c.epochs()[0]), a.cost_plan(e));
+  for (int k = 0; k < 4; ++k) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto here = a.acquire(ids_a[r]);
+      auto there = c.acquire(ids_a[r]);
+      ASSERT_TRUE(here && there);
+      ASSERT_EQ(here->status, there->status);
+      if (here->status != AcquireStatus::kJob) continue;
+      EXPECT_EQ(here->job.samples, there->job.samples);
+      EXPECT_EQ(here->job.steps, there->job.steps);
+    }
+  }
+  EXPECT_EQ(RunCodec::save(c), RunCodec::save(a));
+  // A damaged re-plan is refused, naming it: kept steps past those begun (the first byte of
+  // format 11's tail, after the mode).
+  std::string damaged = bytes;
+  const size_t at = damaged.size() - RunCodec::format11_bytes(b).size();
+  ASSERT_EQ(damaged[at], '\6');
+  damaged[at] = 100;
+  auto refused = RunCodec::load(config, damaged, clock_a);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("re-planned"), std::string::npos)
+      << refused.error().message;
+  // A format 10 snapshot (no re-plan kept at its end) still loads, as not re-planned.
+  traincoord::Run fresh(config, clock_b);
+  std::vector<WorkerId> ids;
+  for (uint32_t r = 0; r < 2; ++r) {
+    (void)fresh.join_group("g");
+    ids.push_back(fresh.join("g-" + std::to_string(r), "g", GroupRank{r, 2}));
+  }
+  ASSERT_TRUE(fresh.acquire(ids[0]));
+  const std::string now = RunCodec::save(fresh);
+  std::string v10 = now.substr(0, now.size() - RunCodec::format11_bytes(fresh).size());
+  ASSERT_EQ(v10[5], 11);
+  v10[5] = 10;
+  auto old = RunCodec::load(config, v10, clock_b);
+  ASSERT_TRUE(old) << old.error().message;
+  EXPECT_EQ(RunCodec::save(**old), now);
+}
+
+// After the re-plan, a cut restored at another world size lays out the rest for it (the re-plan
+// dropped, with the declared cost: the model is of the world size before); a cut from before it,
+// restored at the same world size once the model is fitted, is re-planned at its first
+// hand-out. Each sample once in both lineages.
+TEST_F(CostBalancedRun, RestoresBeforeAndAfterTheRePlanTrainEachSampleOnce) {
+  const RunConfig config = one_epoch_config();
+  {
+    traincoord::Run run(config, clock_);
+    std::vector<WorkerId> g = group(run, "g", 2);
+    train_in_lockstep(run, g, 6);
+    ASSERT_EQ(run.epochs()[0].replanned_after, 4u);
+    for (uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(run.cut(g[r], "g", 1, r, 2, {}));
+    const auto at_cut = trained_;
+    const uint64_t cut = run.latest_cut()->id;
+    ASSERT_EQ(run.find_cut(cut)->saved.epochs[0].replanned_after, 4u);
+    train_in_lockstep(run, g, 2);  // undone by the restore
+    std::vector<WorkerId> h = group(run, "h", 3);
+    ASSERT_TRUE(run.restore("h", cut));
+    trained_ = at_cut;
+    train_in_lockstep(run, h, 1);
+    const Epoch& e = run.epochs()[0];
+    EXPECT_EQ(e.ranks, 3u);
+    EXPECT_EQ(e.replanned_after, 0u);
+    EXPECT_TRUE(e.plan_speeds.empty());  // (the model is of 2 ranks)
+    train_in_lockstep(run, h);
+    ASSERT_EQ(run.state(), RunState::kCompleted);
+    expect_each_sample_once(config);
+  }
+  trained_.clear();
+  traincoord::Run run(config, clock_);
+  std::vector<WorkerId> g = group(run, "g", 2);
+  train_in_lockstep(run, g, 2);
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(run.cut(g[r], "g", 1, r, 2, {}));
+  const auto at_cut = trained_;
+  train_in_lockstep(run, g, 6);  // fitted, re-planned after 4
+  ASSERT_EQ(run.epochs()[0].replanned_after, 4u);
+  std::vector<WorkerId> k = group(run, "k", 2);
+  ASSERT_TRUE(run.restore("k", run.latest_cut()->id));
+  trained_ = at_cut;
+  EXPECT_EQ(run.epochs()[0].replanned_after, 0u);  // as the cut saved it: planned blind
+  EXPECT_TRUE(run.epochs()[0].plan_speeds.empty());
+  train_in_lockstep(run, k, 1);
+  EXPECT_EQ(run.epochs()[0].replanned_after, 2u);  // the steps the cut had begun
+  train_in_lockstep(run, k);
+  ASSERT_EQ(run.state(), RunState::kCompleted);
+  expect_each_sample_once(config);
 }
 
 // Found by the seeded restores above: the rest of an epoch (69 samples, 4 ranks) fits one

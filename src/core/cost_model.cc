@@ -133,6 +133,14 @@ bool CostModel::report(uint32_t rank, const BatchShape& shape, double seconds) {
   return true;
 }
 
+bool CostModel::fitted_for_every_rank() const {
+  if (!fitted()) return false;
+  for (const RankSums& r : ranks_) {
+    if (r.count < options_.min_reports_per_rank) return false;
+  }
+  return true;
+}
+
 void CostModel::fit() const {
   dirty_ = false;
   std::vector<double> s;

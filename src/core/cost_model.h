@@ -67,6 +67,9 @@ class CostModel {
   uint32_t ranks() const { return static_cast<uint32_t>(ranks_.size()); }
   uint64_t reports() const { return reports_; }
   bool fitted() const { return reports_ >= options_.min_reports; }
+  // fitted(), and every rank has min_reports_per_rank reports: every speed is estimated (a
+  // group's warm-up re-plan waits for this, core/run.h). O(ranks).
+  bool fitted_for_every_rank() const;
 
   // The model at speed 1. Before fitted(): {0, 0, 0}.
   BatchCost shared() const;

@@ -304,6 +304,23 @@ void CutLedger::assert_restored(const Cut& cut, const RunProgress& restored) con
     if (a.trained.size() != b.trained.size() || trained_batches(a) != trained_batches(b)) {
       fail(epoch + ": its partly trained batches");
     }
+    // Step mode: the layout and what its plan was made with (the cost and speeds frozen, the
+    // warm-up re-plan's steps kept and their cost): the same plan, bit for bit.
+    bool same_segment = a.segment.size() == b.segment.size();
+    for (size_t i = 0; same_segment && i < a.segment.size(); ++i) {
+      same_segment =
+          a.segment[i].first == b.segment[i].first && a.segment[i].count == b.segment[i].count;
+    }
+    if (a.ranks != b.ranks || a.step_base != b.step_base || !same_segment) {
+      fail(epoch + ": its step layout");
+    }
+    auto same_cost = [](const BatchCost& x, const BatchCost& y) {
+      return x.a == y.a && x.b == y.b && x.c == y.c;
+    };
+    if (!same_cost(a.plan_cost, b.plan_cost) || a.plan_speeds != b.plan_speeds ||
+        a.replanned_after != b.replanned_after || !same_cost(a.first_cost, b.first_cost)) {
+      fail(epoch + ": what its steps were planned with");
+    }
     if (!same(a.weighted_loss, b.weighted_loss) || a.samples != b.samples ||
         !same(a.plain_loss, b.plain_loss) || a.finite_jobs != b.finite_jobs ||
         a.nonfinite_jobs != b.nonfinite_jobs || !same(a.loss, b.loss) ||

@@ -364,16 +364,16 @@ TEST_F(CutTest, AWorkerIsFencedByTheGroupItRegisteredWithWhateverItsRequestsName
   EXPECT_TRUE(run.admit(old, ""));
 }
 
-// The bytes formats 8 to 10 append to a snapshot of a run of job-mode epochs only: each
+// The bytes formats 8 to 11 append to a snapshot of a run of job-mode epochs only: each
 // worker's world size and rank (0, 0), the group's world size (0), each epoch's step layout
 // (0, 0, no segment), the run's and those of its cuts' (8); each epoch's frozen cost (three
 // doubles 0.0, all zero bytes) and speeds (none), and no cost model (9); each worker's samples,
-// the run's series and the mode, jobs (10).
+// the run's series and the mode, jobs (10); each epoch not re-planned (0), as layouts (11).
 std::string format8_tail(const traincoord::Run& run) {
   size_t epochs = run.epochs().size();
   for (const Cut& cut : run.cuts()) epochs += cut.saved.epochs.size();
   return std::string(2 * run.workers().size() + 1 + 3 * epochs + 25 * epochs + 1, '\0') +
-         RunCodec::format10_bytes(run) + '\0';
+         RunCodec::format10_bytes(run) + '\0' + std::string(epochs, '\0');
 }
 
 TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersUngrouped) {
@@ -392,7 +392,7 @@ TEST_F(CutTest, AWorkersGroupSurvivesASnapshotAndAnOlderSnapshotReadsItsWorkersU
   const std::string tail = format8_tail(run);
   ASSERT_EQ(bytes.substr(bytes.size() - tail.size()), tail);
   std::string v6 = bytes.substr(0, bytes.size() - tail.size() - 3);  // group: length 2, "g1"
-  ASSERT_EQ(static_cast<uint8_t>(v6[5]), 10u);                       // (after the 5-byte magic)
+  ASSERT_EQ(static_cast<uint8_t>(v6[5]), 11u);                       // (after the 5-byte magic)
   v6[5] = 6;
   auto old = RunCodec::load(two_jobs(), v6, clock_);
   ASSERT_TRUE(old) << old.error().message;

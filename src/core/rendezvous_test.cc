@@ -373,16 +373,16 @@ TEST(RendezvousSnapshot, KeepsTheSecretsAndTheRoundsLayout) {
 }
 
 // Appends `v` as the codec's varint.
-// The bytes formats 8 to 10 append to a snapshot of a run of job-mode epochs only: each
+// The bytes formats 8 to 11 append to a snapshot of a run of job-mode epochs only: each
 // worker's world size and rank (0, 0), the group's world size (0), each epoch's step layout
 // (0, 0, no segment), the run's and those of its cuts' (8); each epoch's frozen cost (three
 // doubles 0.0, all zero bytes) and speeds (none), and no cost model (9); each worker's samples,
-// the run's series and the mode, jobs (10).
+// the run's series and the mode, jobs (10); each epoch not re-planned (0), as layouts (11).
 std::string format8_tail(const traincoord::Run& run) {
   size_t epochs = run.epochs().size();
   for (const Cut& cut : run.cuts()) epochs += cut.saved.epochs.size();
   return std::string(2 * run.workers().size() + 1 + 3 * epochs + 25 * epochs + 1, '\0') +
-         RunCodec::format10_bytes(run) + '\0';
+         RunCodec::format10_bytes(run) + '\0' + std::string(epochs, '\0');
 }
 
 void varint(std::string& out, uint64_t v) {
@@ -409,7 +409,7 @@ TEST(RendezvousSnapshot, ReadsAFormat5Snapshot) {
   const std::string empty6("\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", 12);
   ASSERT_EQ(bytes.substr(bytes.size() - empty6.size()), empty6);
   bytes.resize(bytes.size() - empty6.size());
-  ASSERT_EQ(bytes[5], 10);  // (magic: 5 bytes, then the format; no workers: no groups after)
+  ASSERT_EQ(bytes[5], 11);  // (magic: 5 bytes, then the format; no workers: no groups after)
   bytes[5] = 5;
   // Format 5's rendezvous: two nodes of a formed round 1, neither with a secret.
   varint(bytes, 2);
@@ -445,7 +445,7 @@ TEST(RendezvousSnapshot, ReadsAFormat5Snapshot) {
   EXPECT_EQ(n2->master_addr, "10.0.0.1");
   // Saved again, in the current format, it reads back the same.
   const std::string again = RunCodec::save(**loaded);
-  EXPECT_EQ(again[5], 10);
+  EXPECT_EQ(again[5], 11);
   auto reloaded = RunCodec::load(small_run(), again, clock);
   ASSERT_TRUE(reloaded) << reloaded.error().message;
   EXPECT_EQ(RunCodec::save(**reloaded), again);

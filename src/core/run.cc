@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -55,6 +57,8 @@ std::string_view event_kind_name(EventKind kind) {
       return "config_changed";
     case EventKind::kModeChosen:
       return "mode_chosen";
+    case EventKind::kEpochReplanned:
+      return "epoch_replanned";
   }
   return "unknown";
 }
@@ -501,21 +505,51 @@ StepPlanConfig Run::step_config(const Epoch& e) const {
   return c;
 }
 
+StepPlan Run::plan_layout(const Epoch& e, const StepPlanConfig& c) const {
+  const uint64_t n = set_samples(e.plan.set);
+  const std::vector<double>& lengths = lengths_of(e.plan.set);
+  if (e.segment.size() == 1 && e.segment[0].first == 0 && e.segment[0].count == n) {
+    return plan_epoch_steps(c, n, lengths, e.plan.epoch);
+  }
+  std::vector<uint64_t> untrained;
+  for (const PositionRun& run : e.segment) {
+    for (uint64_t i = run.first; i < run.first + run.count; ++i) untrained.push_back(i);
+  }
+  return plan_rest_of_epoch(c, n, lengths, e.plan.epoch, untrained);
+}
+
+StepPlan Run::replanned(const Epoch& e, StepPlan plan, uint64_t kept,
+                        const StepPlanConfig& c) const {
+  TC_ASSERT(kept < plan.steps.size());
+  std::vector<uint64_t> rest;
+  for (size_t k = kept; k < plan.steps.size(); ++k) {
+    for (const RankBatch& b : plan.steps[k].batches) {
+      rest.insert(rest.end(), b.samples.begin(), b.samples.end());
+    }
+  }
+  StepPlan tail =
+      plan_rest_of_epoch(c, set_samples(e.plan.set), lengths_of(e.plan.set), e.plan.epoch, rest);
+  plan.steps.resize(kept);
+  plan.steps.insert(plan.steps.end(), std::make_move_iterator(tail.steps.begin()),
+                    std::make_move_iterator(tail.steps.end()));
+  plan.buckets = tail.buckets;
+  return plan;
+}
+
 const StepPlan& Run::cost_plan(const Epoch& e) const {
   TC_ASSERT(config_.cost_balanced() && e.steps());
   if (!e.cost_plan) {
-    const uint64_t n = set_samples(e.plan.set);
-    const std::vector<double>& lengths = lengths_of(e.plan.set);
     const StepPlanConfig c = step_config(e);
-    if (e.segment.size() == 1 && e.segment[0].first == 0 && e.segment[0].count == n) {
-      e.cost_plan = std::make_shared<const StepPlan>(plan_epoch_steps(c, n, lengths, e.plan.epoch));
+    if (e.replanned_after == 0) {
+      e.cost_plan = std::make_shared<const StepPlan>(plan_layout(e, c));
     } else {
-      std::vector<uint64_t> untrained;
-      for (const PositionRun& run : e.segment) {
-        for (uint64_t i = run.first; i < run.first + run.count; ++i) untrained.push_back(i);
-      }
+      // The layout as first planned (the declared cost, every rank alike), its steps from
+      // replanned_after on planned anew with the cost and speeds frozen at the re-plan.
+      StepPlanConfig first = c;
+      first.cost = e.first_cost;
+      first.speeds.clear();
       e.cost_plan = std::make_shared<const StepPlan>(
-          plan_rest_of_epoch(c, n, lengths, e.plan.epoch, untrained));
+          replanned(e, plan_layout(e, first), e.replanned_after, c));
     }
   }
   return *e.cost_plan;
@@ -536,30 +570,93 @@ void Run::step_batch(const Epoch& e, uint64_t step, uint32_t rank,
 // same under both. The budget thus keeps its meaning (a batch of average samples stays the
 // size the user asked for) while the fitted model decides how long and short batches, and
 // slower ranks, compare with it.
-void Run::freeze_cost(Epoch& e) const {
-  e.plan_cost = config_.cost;
-  e.plan_speeds.clear();
-  if (!cost_model_ || cost_model_->ranks() != e.ranks || !cost_model_->fitted()) return;
+bool Run::fitted_cost(const Epoch& e, BatchCost* cost, std::vector<double>* speeds) const {
+  if (!cost_model_ || cost_model_->ranks() != e.ranks || !cost_model_->fitted()) return false;
   const BatchCost fit = cost_model_->shared();
-  if (!(fit.b + fit.c > 0)) return;  // only a per-batch overhead: no budget bounds a batch
+  if (!(fit.b + fit.c > 0)) return false;  // only a per-batch overhead: no budget bounds a batch
   const std::vector<double>& lengths = lengths_of(e.plan.set);
-  if (lengths.empty()) return;
-  double mean = 0;
-  for (double v : lengths) mean += v;
-  mean /= static_cast<double>(lengths.size());
+  if (lengths.empty()) return false;
+  std::optional<double>& mean_of_set = mean_length_[static_cast<int>(e.plan.set)];
+  if (!mean_of_set) {
+    double sum = 0;
+    for (double v : lengths) sum += v;
+    mean_of_set = sum / static_cast<double>(lengths.size());
+  }
+  const double mean = *mean_of_set;
   const BatchCost& d = config_.cost;
   const double per_sample = d.b * mean + d.c * mean * mean;
   const double n = per_sample > 0 ? std::max(1.0, (config_.batch_budget - d.a) / per_sample) : 1;
   const double declared = d.a + n * per_sample;
   const double fitted = fit.a + n * (fit.b * mean + fit.c * mean * mean);
   const double k = declared / fitted;
-  if (!std::isfinite(k) || k <= 0) return;
-  const std::vector<double> speeds = cost_model_->speeds();
-  for (double v : speeds) {
-    if (!std::isfinite(v) || v <= 0) return;
+  if (!std::isfinite(k) || k <= 0) return false;
+  std::vector<double> v = cost_model_->speeds();
+  for (double x : v) {
+    if (!std::isfinite(x) || x <= 0) return false;
   }
-  e.plan_cost = BatchCost{fit.a * k, fit.b * k, fit.c * k};
-  e.plan_speeds = speeds;
+  *cost = BatchCost{fit.a * k, fit.b * k, fit.c * k};
+  *speeds = std::move(v);
+  return true;
+}
+
+void Run::freeze_cost(Epoch& e) const {
+  e.plan_cost = config_.cost;
+  e.plan_speeds.clear();
+  BatchCost cost;
+  std::vector<double> speeds;
+  if (fitted_cost(e, &cost, &speeds)) {
+    e.plan_cost = cost;
+    e.plan_speeds = std::move(speeds);
+  }
+}
+
+bool Run::warm_up_due(const Epoch& e) const {
+  return config_.cost_balanced() && e.steps() && !e.closed() && e.plan_speeds.empty() &&
+         e.cursor < e.plan.end_job && cost_model_ && cost_model_->ranks() == e.ranks &&
+         cost_model_->fitted_for_every_rank();
+}
+
+// The steps begun (before the cursor) keep their batches: a rank ahead of the others (prefetch)
+// has handed out steps whose other batches are queued for their ranks, and every rank must
+// still get the same steps. What no rank was handed is re-planned, as a restore re-plans the
+// rest of an epoch, with the cost and speeds frozen now. Deterministic: it happens at a
+// hand-out, a function of the run's state, which a replay of the journal (or a snapshot)
+// reaches the same.
+void Run::warm_up(Epoch& e) {
+  TC_ASSERT(warm_up_due(e));
+  BatchCost cost;
+  std::vector<double> speeds;
+  if (!fitted_cost(e, &cost, &speeds)) return;  // (due again at the next hand-out)
+  const uint64_t kept = (e.cursor - e.step_base) / e.ranks;
+  const StepPlan& before = cost_plan(e);
+  const uint64_t steps_before = before.steps.size();
+  TC_ASSERT(kept < steps_before);
+  const std::string declared = e.plan_cost.describe();
+  StepPlanConfig c = step_config(e);
+  c.cost = cost;
+  c.speeds = speeds;
+  StepPlan after = replanned(e, before, kept, c);
+  if (kept > 0) {
+    e.first_cost = e.plan_cost;
+    e.replanned_after = kept;
+  }
+  e.plan_cost = cost;
+  e.plan_speeds = std::move(speeds);
+  const uint64_t steps = after.steps.size();
+  e.cost_plan = std::make_shared<const StepPlan>(std::move(after));
+  e.plan.end_job = e.step_base + steps * e.ranks;
+  size_t slowest = 0;
+  for (size_t r = 1; r < e.plan_speeds.size(); ++r) {
+    if (e.plan_speeds[r] > e.plan_speeds[slowest]) slowest = r;
+  }
+  char speed[32];
+  std::snprintf(speed, sizeof speed, "%.3g", e.plan_speeds[slowest]);
+  emit(EventKind::kEpochReplanned,
+       std::string(set_name(e.plan.set)) + " epoch " + std::to_string(e.plan.epoch) +
+           " re-planned after " + std::to_string(kept) + " of its " + std::to_string(steps_before) +
+           " steps, with the fitted model (" + e.plan_cost.describe() + ", slowest rank " +
+           std::to_string(slowest) + " at speed " + speed + "; was " + declared +
+           "): " + std::to_string(steps) + " steps");
 }
 
 void Run::report_batch_time(const Epoch& e, uint64_t position, double seconds) {
@@ -610,6 +707,8 @@ void Run::lay_out(Epoch& e, uint32_t ranks) {
       e.trained.clear();
     }
     e.ranks = ranks;
+    e.replanned_after = 0;
+    e.first_cost = BatchCost{0, 0, 0};
     freeze_cost(e);
     e.cost_plan.reset();
     e.step_base = e.plan.first_job + e.resolved();
@@ -667,6 +766,7 @@ bool Run::take_step_job(WorkerId worker, Job* out) {
       if (e.leased > 0) continue;
       lay_out(e, group_ranks_);
     }
+    if (warm_up_due(e)) warm_up(e);
     uint64_t position;
     if (const std::optional<uint64_t> mine = e.requeue.take_of_rank(rank)) {
       position = *mine;

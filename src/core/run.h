@@ -139,8 +139,9 @@ enum class EventKind : uint8_t {
   kCutTaken,
   kRestored,
   kGroupStarted,
-  kConfigChanged,  // --apply-config-changes: fields changed, a completed run going on
-  kModeChosen,     // schedule.mode = "auto": the first acquire chose jobs or steps
+  kConfigChanged,   // --apply-config-changes: fields changed, a completed run going on
+  kModeChosen,      // schedule.mode = "auto": the first acquire chose jobs or steps
+  kEpochReplanned,  // cost-balanced: the warm-up re-plan of an epoch's steps not begun
 };
 std::string_view event_kind_name(EventKind kind);
 
@@ -326,6 +327,9 @@ class Run {
   // The steps of a cost-balanced step-mode epoch. REQUIRES: e is one of epochs() (or of a
   // cut's), laid out (e.steps()), and the run is cost-balanced.
   const StepPlan& cost_plan(const Epoch& e) const;
+  // The plan of a laid-out epoch's segment under `c`, as one plan (no warm-up re-plan): what
+  // cost_plan builds on. REQUIRES: check_step_config(c) passed.
+  StepPlan plan_layout(const Epoch& e, const StepPlanConfig& c) const;
   const std::vector<WorkerInfo>& workers() const { return workers_; }
   const EarlyStopRule& early_stop() const { return early_stop_; }
   const RunCounters& counters() const { return counters_; }
@@ -391,7 +395,19 @@ class Run {
   // Cost-balanced: freezes the cost and speeds the epoch is (re)planned with, from the cost
   // model now; and the planner's config of an epoch.
   void freeze_cost(Epoch& e) const;
+  // The fitted model's cost (in the budget's units) and speeds for an epoch laid out for
+  // e.ranks ranks; false when the model does not apply (none, another world size, not fitted,
+  // a fit no budget bounds): then the declared cost and every rank alike.
+  bool fitted_cost(const Epoch& e, BatchCost* cost, std::vector<double>* speeds) const;
   StepPlanConfig step_config(const Epoch& e) const;
+  // `plan` with its steps from `kept` on planned anew under `c` (plan_rest_of_epoch of their
+  // samples). REQUIRES: kept < plan.steps.size().
+  StepPlan replanned(const Epoch& e, StepPlan plan, uint64_t kept, const StepPlanConfig& c) const;
+  // The warm-up re-plan (Epoch::replanned_after): due when a laid-out cost-balanced epoch was
+  // planned with the declared cost, has steps never begun, and the cost model is fitted for its
+  // ranks with every rank's speed; warm_up re-plans those steps.
+  bool warm_up_due(const Epoch& e) const;
+  void warm_up(Epoch& e);
   const std::vector<double>& lengths_of(SetKind set) const;
   void report_batch_time(const Epoch& e, uint64_t position, double seconds);
   void note_pace(const Epoch& e, uint64_t position, const Completion& completion);
@@ -462,7 +478,9 @@ class Run {
   uint32_t group_ranks_ = 0;             // step mode: the world size of group_ (0: unknown)
   CutLedger cuts_;                       // complete cuts, and the pending ones of group_
   std::optional<CostModel> cost_model_;  // cost-balanced step mode (cost_model())
-  std::vector<RankPace> pace_;           // step mode (rank_pace())
+  // The mean length of each set (cost-balanced; a function of the config, computed once).
+  mutable std::optional<double> mean_length_[2];
+  std::vector<RankPace> pace_;  // step mode (rank_pace())
   Rendezvous rendezvous_;
 
  public:

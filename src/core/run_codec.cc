@@ -24,8 +24,9 @@ constexpr uint32_t kMagic = 0x54435231;  // "TCR1"
 // model (before 9: every epoch as planned with the declared cost, no model). 10: the run's mode
 // (schedule.mode = "auto" chooses it at the first acquire; before 10 a run is in the mode its
 // config says, and "auto", which did not exist, reads as jobs: an older config without the key
-// was a job-mode run).
-constexpr uint32_t kFormat = 10;
+// was a job-mode run). 11: each epoch's warm-up re-plan (the steps it kept and the cost they were
+// planned with; the run's epochs, then each cut's), after the mode (before 11: none re-planned).
+constexpr uint32_t kFormat = 11;
 constexpr uint32_t kOldestFormat = 2;
 
 // What a step-mode epoch's layout must be (empty: nothing wrong), checked before anything
@@ -34,6 +35,7 @@ std::string step_layout_inconsistency(const Run& run, const Epoch& e) {
   const RunConfig& config = run.config();
   if (e.ranks == 0) {
     if (!e.plan_speeds.empty()) return " has speeds but no layout";
+    if (e.replanned_after != 0) return " is re-planned but has no layout";
     return e.segment.empty() ? "" : " has a segment but no layout";
   }
   if (run.mode() == ScheduleMode::kJobs || (config.batch_size == 0 && !config.cost_balanced())) {
@@ -66,6 +68,23 @@ std::string step_layout_inconsistency(const Run& run, const Epoch& e) {
     if (auto ok = check_step_config(c, lengths.size(), lengths); !ok) {
       return " has a frozen cost model no plan takes (" + ok.error().message + ")";
     }
+    if (e.replanned_after > 0) {
+      // The warm-up re-plan kept the steps begun, planned with the declared cost, and froze the
+      // fitted model for the rest: a model (speeds), and a cursor at or past the steps kept.
+      if (e.plan_speeds.empty()) return " is re-planned without a fitted model";
+      if ((e.cursor - e.step_base) / e.ranks < e.replanned_after) {
+        return " is re-planned after steps it has not begun";
+      }
+      StepPlanConfig first = c;
+      first.cost = e.first_cost;
+      first.speeds.clear();
+      if (auto ok = check_step_config(first, lengths.size(), lengths); !ok) {
+        return " has a cost before its re-plan no plan takes (" + ok.error().message + ")";
+      }
+      if (!e.closed() && run.plan_layout(e, first).steps.size() <= e.replanned_after) {
+        return " is re-planned after more steps than it had";
+      }
+    }
     // (A closed epoch's plan is not rebuilt to be checked: it is never used again, and a
     // snapshot of a long run would otherwise plan every epoch it ever had.)
     if (!e.closed() && e.plan.end_job - e.step_base != run.cost_plan(e).steps.size() * e.ranks) {
@@ -74,6 +93,7 @@ std::string step_layout_inconsistency(const Run& run, const Epoch& e) {
     return "";
   }
   if (!e.plan_speeds.empty()) return " has speeds, but its batches are of a fixed size";
+  if (e.replanned_after != 0) return " is re-planned, but its batches are of a fixed size";
   const StepLayout layout(EpochSegment(e.segment).places(), config.batch_size, e.ranks);
   if (e.plan.end_job - e.step_base != layout.steps() * e.ranks) {
     return " has another number of jobs than its steps";
@@ -101,6 +121,7 @@ class Writer {
     out_.append(s);
   }
   void boolean(bool b) { u64(b ? 1 : 0); }
+  void append(std::string_view bytes) { out_.append(bytes); }
   std::string take() { return std::move(out_); }
 
  private:
@@ -722,6 +743,25 @@ std::string RunCodec::encode(const Run& run, bool last_seen) {
   for (const WorkerInfo& wi : run.workers_) w.u64(wi.samples_done);
   write_series(w, run.series_);
   w.u64(static_cast<uint64_t>(run.mode_));
+  // (11) Each epoch's warm-up re-plan: the run's, then each cut's.
+  w.append(format11_bytes(run));
+  return w.take();
+}
+
+std::string RunCodec::format11_bytes(const Run& run) {
+  Writer w;
+  auto save_replans = [&](const std::vector<Epoch>& epochs) {
+    for (const Epoch& e : epochs) {
+      w.u64(e.replanned_after);
+      if (e.replanned_after > 0) {
+        w.f64(e.first_cost.a);
+        w.f64(e.first_cost.b);
+        w.f64(e.first_cost.c);
+      }
+    }
+  };
+  save_replans(run.epochs_);
+  for (const Cut& cut : run.cuts_.cuts_) save_replans(cut.saved.epochs);
   return w.take();
 }
 
@@ -1036,6 +1076,20 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
                        std::string(schedule_mode_name(run->mode_)));
       }
     }
+  }
+  if (format >= 11) {
+    auto load_replans = [&](std::vector<Epoch>& epochs) {
+      for (Epoch& e : epochs) {
+        e.replanned_after = r.u64();
+        if (e.replanned_after > 0) {
+          e.first_cost.a = r.f64();
+          e.first_cost.b = r.f64();
+          e.first_cost.c = r.f64();
+        }
+      }
+    };
+    load_replans(run->epochs_);
+    for (Cut& cut : run->cuts_.cuts_) load_replans(cut.saved.epochs);
   }
   if (format >= 8 && r.ok()) {
     for (Cut& cut : run->cuts_.cuts_) {

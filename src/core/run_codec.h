@@ -37,6 +37,9 @@ class RunCodec {
   // What format 10 added before the mode (the last byte of what save() writes): each worker's
   // samples done, the run's series (core/run_series.h). An older snapshot has none of them.
   static std::string format10_bytes(const Run& run);
+  // What format 11 added at the end (after the mode): each epoch's warm-up re-plan, the run's
+  // then each cut's (one byte 0 per epoch not re-planned).
+  static std::string format11_bytes(const Run& run);
 
  private:
   static std::string encode(const Run& run, bool last_seen);

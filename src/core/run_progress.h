@@ -188,6 +188,17 @@ struct Epoch {
   // them, the segment and the config; `cost_plan` caches it (never saved; rebuilt on demand).
   BatchCost plan_cost{0, 0, 0};
   std::vector<double> plan_speeds;  // one per rank, or empty: every rank alike
+  // The warm-up re-plan (docs/SEMANTICS.md, "Cost-balanced step mode"): a layout planned with
+  // the declared cost (plan_speeds empty) is re-planned once, at the first hand-out after the
+  // cost model is fitted for its ranks with every rank's speed (Run::take_step_job). The steps
+  // begun then (those before `cursor`: their batches in flight or queued stay with their ranks)
+  // stay as planned, with `first_cost` and every rank alike; the samples of the steps never
+  // begun are planned anew (plan_rest_of_epoch) with the cost and speeds frozen then, which
+  // plan_cost and plan_speeds hold from then on. `replanned_after`: the steps kept (0: not
+  // re-planned, or re-planned before any step was begun: plan_cost plans the whole layout).
+  // A new layout (a restore at another world size) clears it.
+  uint64_t replanned_after = 0;
+  BatchCost first_cost{0, 0, 0};
   mutable std::shared_ptr<const StepPlan> cost_plan;
   // Fixed-batch step mode: the layout of `segment` for `ranks` ranks and the segment's index, a
   // pure function of them and the run's batch size. Cached (never saved; Run::fixed_steps_of

@@ -108,9 +108,8 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
       config.speeds = model.speeds();
     }
     StepPlan plan = plan_epoch_steps(config, n, lengths, epoch);
-    const bool warm_up = !model.fitted();
-    const uint64_t warmup_steps = std::max<uint64_t>(
-        1, static_cast<uint64_t>(std::ceil(o.warmup * static_cast<double>(plan.steps.size()))));
+    // Planned blind (the declared cost): re-planned once the model has every rank's speed.
+    bool warm_up = o.warmup_replan && !model.fitted();
     run.buckets = std::max(run.buckets, plan.buckets);
     StepPlan trained;  // the steps as trained: the epoch's figures
     trained.epoch = epoch;
@@ -129,8 +128,9 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
         (void)model.report(r, b.shape(), seconds);  // a non-positive noisy time is dropped
       }
       trained.steps.push_back(step);
-      if (warm_up && k + 1 == warmup_steps && k + 1 < plan.steps.size() && model.fitted()) {
+      if (warm_up && k + 1 < plan.steps.size() && model.fitted_for_every_rank()) {
         // Re-plan the rest of the epoch with what the first steps taught.
+        warm_up = false;
         std::vector<uint64_t> untrained;
         for (size_t j = k + 1; j < plan.steps.size(); ++j) {
           for (const RankBatch& rb : plan.steps[j].batches) {
@@ -317,9 +317,6 @@ Result<StepSimulationResult> simulate_steps(std::span<const double> lengths,
   if (!std::isfinite(o.noise) || o.noise < 0 || o.noise > 0.5) {
     return invalid_argument("noise", "--noise must be 0 to 0.5");
   }
-  if (!std::isfinite(o.warmup) || o.warmup <= 0 || o.warmup > 1) {
-    return invalid_argument("warmup", "--warmup must be above 0 and at most 1");
-  }
   if (auto ok = check_step_config(planner_config(o), lengths.size(), lengths); !ok) {
     Error e = ok.error();
     if (e.field == "batch_budget") e.message = "--batch-budget: " + e.message.substr(14);
@@ -347,6 +344,8 @@ Result<StepSimulationResult> simulate_steps(std::span<const double> lengths,
   result.warmup_steps = run.warmup_steps;
   result.warmup_fitted = run.warmup_fitted;
   result.warmup_speeds = run.warmup_speeds;
+  result.first_epoch_blind = figures_of(
+      plan_epoch_steps(planner_config(o), lengths.size(), lengths, 0), lengths, o.cost, slowdowns);
   if (o.compare) {
     const std::vector<double> normal = slowdowns_of(o, false);
     result.fixed_batch_size = fixed_batch_size(lengths, o);
@@ -378,11 +377,12 @@ void print_step_report(const StepSimulationResult& r, const StepSimulationOption
   if (o.slow_rank) out << ", rank " << *o.slow_rank << " slowed " << o.slowdown << "x";
   out << "\n";
   if (r.warmup_steps > 0) {
-    out << "epoch 0 re-planned after " << r.warmup_steps << " steps ("
+    out << "epoch 0 re-planned (warm-up) after " << r.warmup_steps << " steps ("
         << fixed(100 * static_cast<double>(r.warmup_steps) /
                      static_cast<double>(r.epochs[0].figures.steps),
                  1)
-        << "% of them), with the model fitted then:\n  " << r.warmup_fitted.describe() << " (";
+        << "% of them), once the model had every rank's speed:\n  " << r.warmup_fitted.describe()
+        << " (";
     for (size_t i = 0; i < r.warmup_speeds.size(); ++i) {
       out << (i ? " " : "") << fixed(r.warmup_speeds[i], 2);
     }
@@ -406,6 +406,18 @@ void print_step_report(const StepSimulationResult& r, const StepSimulationOption
     for (size_t i = 0; i < e.speeds.size(); ++i) out << (i ? " " : "") << fixed(e.speeds[i], 2);
     out << "), error mean " << fixed(100 * e.fit_error, 1) << "% max "
         << fixed(100 * e.fit_error_max, 1) << "%\n";
+  }
+  if (!r.epochs.empty()) {
+    const StepFigures& with = r.epochs[0].figures;
+    const StepFigures& blind = r.first_epoch_blind;
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "%5s %5llu %6.3f %6.3f %5.1f%% %6.0f  (epoch 0 planned blind throughout, "
+                  "no warm-up re-plan: %.2fx the time)\n",
+                  "0", static_cast<unsigned long long>(blind.steps), blind.efficiency,
+                  blind.straggling, 100 * blind.padding, blind.time,
+                  with.time > 0 ? blind.time / with.time : 0.0);
+    out << line;
   }
   if (r.compare.empty()) return;
   out << "\ncompared (DistributedSampler: batches of " << r.fixed_batch_size

@@ -41,9 +41,11 @@ struct StepSimulationOptions {
   int epochs = 2;
   uint64_t seed = 1;    // data.seed of the plan, and the seed of the reporting noise
   double noise = 0.05;  // the relative noise (a normal's sigma) of the times ranks report
-  // The first epoch is planned with the declared cost and every rank at speed 1; after this
-  // share of its steps the rest of the epoch is re-planned with the fitted model.
-  double warmup = 0.05;
+  // The first epoch is planned with the declared cost and every rank at speed 1; as a served
+  // run does (docs/SEMANTICS.md, "the warm-up re-plan"), once the model is fitted with every
+  // rank's speed, the steps after the one that fitted it are re-planned with it. false: never
+  // (the first epoch planned blind throughout).
+  bool warmup_replan = true;
   BucketOptions buckets;
   bool compare = false;  // also run DistributedSampler and unsynchronised bucketing
 };
@@ -88,12 +90,16 @@ struct StepSimulationResult {
   double mean_length = 0, median_length = 0, p99_length = 0, max_length = 0;
   size_t buckets = 0;
   std::vector<StepEpochReport> epochs;
-  // The model's error on epoch 0's batches when the rest of epoch 0 was re-planned.
+  // The model's error on epoch 0's batches when the rest of epoch 0 was re-planned (the
+  // warm-up re-plan; warmup_steps 0: not re-planned).
   double warmup_fit_error = 0;
   double warmup_fit_error_max = 0;
   uint64_t warmup_steps = 0;
   BatchCost warmup_fitted;  // the model then
   std::vector<double> warmup_speeds;
+  // Epoch 0 as planned blind throughout (the declared cost, every rank alike: no warm-up
+  // re-plan), with the same ranks' speeds.
+  StepFigures first_epoch_blind;
   uint64_t fixed_batch_size = 0;  // DistributedSampler's batch size (compare)
   double duration_budget = 0;     // unsynchronised bucketing's budget of n·L (compare)
   std::vector<StrategyFigures> compare;

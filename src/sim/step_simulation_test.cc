@@ -65,6 +65,35 @@ TEST(StepSimulation, StepModeBeatsDistributedSamplerAndUnsynchronisedBucketsOnAS
   EXPECT_GE(r->epochs[0].figures.efficiency, 0.85);
   EXPECT_NEAR(r->warmup_speeds[7], 2.0, 0.2);
   EXPECT_LE(r->epochs.back().fit_error_max, 0.05);
+  // Without the warm-up re-plan, the slow rank would have straggled the whole first epoch.
+  EXPECT_GT(r->warmup_steps, 0u);
+  EXPECT_GE(r->first_epoch_blind.straggling, r->epochs[0].figures.straggling + 0.5);
+  EXPECT_GE(r->first_epoch_blind.time, 1.5 * r->epochs[0].figures.time);
+  EXPECT_EQ(r->first_epoch_blind.samples, lengths.size());
+}
+
+// The warm-up re-plan comes once the model has every rank's speed (3 reports each: 3 steps);
+// without it, epoch 0 is the blind plan throughout, as the report's blind row says.
+TEST(StepSimulation, TheWarmUpRePlanComesOnceEveryRankHasASpeed) {
+  const std::vector<double> lengths = synthetic_lengths({.samples = 3000});
+  StepSimulationOptions o = options();
+  o.compare = false;
+  o.batch_budget = 300;
+  o.slow_rank = 2;
+  auto with = simulate_steps(lengths, o);
+  ASSERT_TRUE(with) << with.error().message;
+  EXPECT_EQ(with->warmup_steps, 3u);
+  EXPECT_NEAR(with->warmup_speeds[2], 2.0, 0.2);
+  EXPECT_TRUE(with->epochs[0].exactly_once);
+  o.warmup_replan = false;
+  auto without = simulate_steps(lengths, o);
+  ASSERT_TRUE(without) << without.error().message;
+  EXPECT_EQ(without->warmup_steps, 0u);
+  EXPECT_TRUE(without->epochs[0].exactly_once);
+  EXPECT_EQ(without->epochs[0].figures.time, without->first_epoch_blind.time);
+  EXPECT_EQ(without->epochs[0].figures.straggling, without->first_epoch_blind.straggling);
+  EXPECT_LT(with->epochs[0].figures.time, 0.8 * without->epochs[0].figures.time);
+  EXPECT_LT(with->epochs[0].figures.straggling, without->epochs[0].figures.straggling);
 }
 
 TEST(StepSimulation, TheSameOptionsGiveTheSameReport) {
