@@ -118,7 +118,9 @@ std::string field(const client::Result<T>& r) {
   return r ? "succeeded" : r.error().field;
 }
 
-client::Completion done_with(const client::Job& job) { return {0.5, 4 * job.batches.size(), {}}; }
+client::Completion done_with(const client::Job& job) {
+  return {0.5, 4 * job.batches.size(), {}, 0};
+}
 
 TEST_F(ClientCuts, ACutIsCompleteOnceEveryRankOfTheGroupGaveItsShare) {
   auto rank0 = connect("r0", "job-1/0");

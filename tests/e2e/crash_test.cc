@@ -111,7 +111,7 @@ TEST(CrashRecovery, KillNineAtRandomMomentsLosesNothing) {
         const client::Job j = **job;
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
         const double loss = loss_of(j.set, j.epoch, j.index);
-        job = (*worker)->complete_and_next(j, {loss, j.batches.size() * 10, {}});
+        job = (*worker)->complete_and_next(j, {loss, j.batches.size() * 10, {}, 0});
         // "duplicate": this lease's completion was counted by an earlier try whose reply a
         // crash swallowed. Either way the worker was told its work counts.
         const std::string& outcome = (*worker)->last_completed().outcome;

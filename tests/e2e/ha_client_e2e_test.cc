@@ -210,7 +210,7 @@ TEST_F(HaClient, AWorkerGivenAStandbyFirstFindsTheLeader) {
   auto job = (*worker)->next();
   while (job && *job) {
     const client::Job j = **job;
-    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}});
+    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}, 0});
     if (job && (*worker)->last_completed().counted) ++counted[{j.set, j.epoch, j.index}];
   }
   ASSERT_TRUE(job) << job.error().message;
@@ -257,7 +257,7 @@ TEST_F(HaClient, LeadershipMovesMidRunAndEveryJobIsCountedOnce) {
         return;
       }
       std::this_thread::sleep_for(milliseconds(20));
-      stream.complete(**job, {0.5, (*job)->batches.size(), {}});
+      stream.complete(**job, {0.5, (*job)->batches.size(), {}, 0});
     }
     stream_error = "the stream failed";
   });
@@ -276,7 +276,7 @@ TEST_F(HaClient, LeadershipMovesMidRunAndEveryJobIsCountedOnce) {
       fake_->set(1, fake_->standby_of(0, 9));
     }
     std::this_thread::sleep_for(milliseconds(20));
-    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}});
+    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}, 0});
   }
   ASSERT_TRUE(job) << job.error().message;
   streamer.join();
@@ -305,7 +305,7 @@ TEST_F(HaClient, HeartbeatsAloneFollowTheLeader) {
   }
   EXPECT_GE(fake_->requests(0, "standby", "/heartbeat"), 1u);
   EXPECT_GE(fake_->requests(1, "leader", "/heartbeat"), 1u);
-  auto done = (*worker)->complete(**job, {0.5, (*job)->batches.size(), {}});
+  auto done = (*worker)->complete(**job, {0.5, (*job)->batches.size(), {}, 0});
   ASSERT_TRUE(done) << done.error().message;
   EXPECT_EQ(done->outcome, "accepted");
 }
@@ -325,7 +325,7 @@ TEST_F(HaClient, ACompletionWhoseReplyWasLostIsAnsweredDuplicateByTheNewLeader) 
   // Coordinator 0 (deposed, not knowing it yet) forwards the completion (counted), loses the
   // reply, and is down from then on.
   fake_->set(0, R"({"drop_reply": {"path": "/complete", "count": 1, "then": {"mode": "down"}}})");
-  auto done = (*worker)->complete(**job, {0.5, (*job)->batches.size(), {}});
+  auto done = (*worker)->complete(**job, {0.5, (*job)->batches.size(), {}, 0});
   ASSERT_TRUE(done) << done.error().message;
   EXPECT_EQ(fake_->stats(0)["dropped_replies"].GetInt(), 1);
   EXPECT_EQ(done->outcome, "duplicate");
@@ -338,7 +338,7 @@ TEST_F(HaClient, ACompletionWhoseReplyWasLostIsAnsweredDuplicateByTheNewLeader) 
   auto next = (*worker)->next();
   while (next && *next) {
     const client::Job j = **next;
-    next = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}});
+    next = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}, 0});
   }
   ASSERT_TRUE(next) << next.error().message;
   expect_every_job_counted_once();
@@ -367,7 +367,7 @@ TEST_F(HaClient, ASingleUrlBehavesAsBefore) {
   auto job = (*worker)->next();
   while (job && *job) {
     const client::Job j = **job;
-    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}});
+    job = (*worker)->complete_and_next(j, {0.5, j.batches.size(), {}, 0});
   }
   ASSERT_TRUE(job) << job.error().message;
   expect_every_job_counted_once();
