@@ -186,6 +186,10 @@ void write_epoch(JsonWriter& j, const Epoch& e, TimeMs now, int64_t wall_now_ms)
       for (double v : e.plan_speeds) j.value(v);
       j.end_array();
       if (e.cost_plan) j.field("buckets", static_cast<uint64_t>(e.cost_plan->buckets));
+      if (e.replanned_after > 0) {  // the warm-up re-plan: its first steps kept as declared
+        j.field("replanned_after", e.replanned_after);
+        j.field("first_model", e.first_cost.describe());
+      }
       j.end_object();
     }
   }

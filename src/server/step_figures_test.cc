@@ -152,6 +152,26 @@ TEST_F(StepFigures, OnceFittedTheNextEpochShowsTheFittedModelAndTheSlowRank) {
   EXPECT_EQ((*dev)["done"].GetUint64(), (*dev)["planned"].GetUint64());
   EXPECT_TRUE((*dev)["predicted"].IsNull());  // a closed epoch's plan is not rebuilt
   EXPECT_NEAR(d["steps"]["ranks"][1]["speed"].GetDouble(), 2.0, 0.05);
+  // Train epoch 0's plan, as its epoch row says: re-planned (or not) after the warm-up.
+  {
+    JsonWriter j;
+    write_status(j, run_, 0, 10, 0);
+    rapidjson::Document all;
+    all.Parse(j.take().c_str());
+    ASSERT_TRUE(all.IsObject() && all["epochs"].IsArray() && all["epochs"].Size() == 3u);
+    const Epoch& e0 = run_.epochs()[0];
+    const rapidjson::Value& with = all["epochs"][0]["planned_with"];
+    ASSERT_TRUE(with.IsObject());
+    if (e0.replanned_after > 0) {
+      EXPECT_STREQ(with["source"].GetString(), "fitted");
+      EXPECT_EQ(with["replanned_after"].GetUint64(), e0.replanned_after);
+      EXPECT_EQ(with["first_model"].GetString(), e0.first_cost.describe());
+      EXPECT_EQ(with["model"].GetString(), e0.plan_cost.describe());
+    } else {
+      EXPECT_FALSE(with.HasMember("replanned_after"));
+    }
+    EXPECT_GT(e0.replanned_after, 0u) << "this run's epoch 0 is long enough for the re-plan";
+  }
 
   // The same figures in /metrics.
   const traincoord::Run* runs[] = {&run_};
