@@ -101,8 +101,10 @@ constexpr std::array kFields = {
 #undef TC_FIELD
 
 // RunConfig: 26 fields listed, plus `name` (never compared) and `early_stop` (listed by its
-// parts: its `kind` as early_stop.rule, and every member of `window` and `patience`).
-static_assert(member_count<RunConfig>() == 29,
+// parts: its `kind` as early_stop.rule, and every member of `window` and `patience`), and
+// `warm_up_replan` (not a config key: the format the config was stored in decides it, and a
+// config applied anew takes the new one's, journalled with a snapshot).
+static_assert(member_count<RunConfig>() == 30,
               "RunConfig gained or lost a field: list it in kFields (and update this count)");
 static_assert(member_count<EarlyStopConfig>() == 3,
               "EarlyStopConfig gained or lost a field: list it in kFields");

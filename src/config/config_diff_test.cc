@@ -121,6 +121,27 @@ TEST(StoredConfig, AConfigStoredBeforeAutoWithoutAModeIsAJobModeRun) {
   EXPECT_EQ(unknown.error().field, "config_format");
 }
 
+// A run stored before the warm-up re-plan ("toml/2", "json/2", and older) keeps the rule it was
+// answered under: its journal replays as that build answered (found by review: else a running
+// cost-balanced run upgraded mid-epoch would re-plan on replay, and the coordinator would count
+// other samples for the leases than the ranks trained).
+TEST(StoredConfig, AConfigStoredBeforeTheWarmUpRePlanNeverRePlans) {
+  const std::string toml =
+      "name = \"r\"\n[data]\ntrain_samples = 8\nbatch_size = 2\n[schedule]\nvalidation_every = 0\n";
+  const std::string json = R"({"name": "r", "data": {"train_samples": 8, "batch_size": 2}, )"
+                           R"("schedule": {"validation_every": 0}})";
+  for (const char* old : {"toml/2", "toml"}) {
+    EXPECT_FALSE(parse_stored_run_config(old, toml, "s")->warm_up_replan) << old;
+  }
+  for (const char* old : {"json/2", "json"}) {
+    EXPECT_FALSE(parse_stored_run_config(old, json, "s")->warm_up_replan) << old;
+  }
+  EXPECT_EQ(parse_stored_run_config("toml/2", toml, "s")->mode, ScheduleMode::kAuto);
+  EXPECT_TRUE(parse_stored_run_config(kStoredToml, toml, "s")->warm_up_replan);
+  EXPECT_TRUE(parse_stored_run_config(kStoredJson, json, "s")->warm_up_replan);
+  EXPECT_TRUE(parse_run_config(toml, "s")->warm_up_replan);  // a new run, or a changed config
+}
+
 TEST(ConfigDiff, EqualConfigsDifferInNothingNotEvenTheirName) {
   RunConfig a, b;
   b.name = "another";

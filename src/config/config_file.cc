@@ -439,8 +439,8 @@ Result<RunConfig> load_run_config(const std::string& path) {
 
 Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_view text,
                                           std::string_view source) {
-  const bool json = format == kStoredJson || format == "json";
-  if (!json && format != kStoredToml && format != "toml") {
+  const bool json = format == kStoredJson || format == "json/2" || format == "json";
+  if (!json && format != kStoredToml && format != "toml/2" && format != "toml") {
     return invalid_argument("config_format", std::string(source) + ": a config stored as \"" +
                                                  std::string(format.substr(0, 32)) +
                                                  "\", which this build does not read");
@@ -450,6 +450,8 @@ Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_v
   if (config && (format == "toml" || format == "json") && config->mode == ScheduleMode::kAuto) {
     config->mode = ScheduleMode::kJobs;
   }
+  // Stored before the warm-up re-plan: the run keeps the rule it was answered under.
+  if (config && format != kStoredToml && format != kStoredJson) config->warm_up_replan = false;
   return config;
 }
 

@@ -35,12 +35,14 @@ std::string durable_config_text(std::string_view toml, const RunConfig& config);
 // Reads the file at `path` and parses it.
 Result<RunConfig> load_run_config(const std::string& path);
 
-// The formats of the config text a journal keeps with a run (SavedRun::config_format). Since
-// schedule.mode "auto" became the default, a run's config is stored as "toml/2" or "json/2";
-// "toml" and "json" are configs stored before, in which a config without schedule.mode meant
+// The formats of the config text a journal keeps with a run (SavedRun::config_format). A run's
+// config is stored as "toml/3" or "json/3" since the warm-up re-plan of cost-balanced step
+// mode; "toml/2" and "json/2" were stored before it (such a run never re-plans: its journal
+// replays as it was answered; RunConfig::warm_up_replan), and "toml" and "json" before
+// schedule.mode "auto" became the default, in which a config without schedule.mode meant
 // "jobs" (and still does: a run saved then keeps its mode across the upgrade).
-inline constexpr std::string_view kStoredToml = "toml/2";
-inline constexpr std::string_view kStoredJson = "json/2";
+inline constexpr std::string_view kStoredToml = "toml/3";
+inline constexpr std::string_view kStoredJson = "json/3";
 // Parses a stored config of any of those formats (another is an error naming it).
 Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_view text,
                                           std::string_view source);

@@ -508,6 +508,32 @@ TEST_F(CostBalancedRun, TheFirstEpochIsRePlannedOnceTheModelIsFittedAndTheSlowRa
   EXPECT_EQ(replans, 1);
 }
 
+// A run stored by a build before the warm-up re-plan (RunConfig::warm_up_replan false: its
+// stored config's format says so) trains its first epoch on the declared plan throughout, as
+// that build answered it: its journal replays the same (found by review).
+TEST_F(CostBalancedRun, ARunStoredBeforeTheWarmUpRePlanKeepsItsDeclaredPlan) {
+  RunConfig config = one_epoch_config();
+  config.train_samples = config.train_batches = 2000;
+  config.train_lengths = lengths_of(2000, 1);
+  config.batch_budget = 400;
+  config.warm_up_replan = false;
+  traincoord::Run run(config, clock_);
+  const std::vector<WorkerId> ranks = group(run, "g", 2);
+  train_in_lockstep(run, ranks);
+  ASSERT_EQ(run.state(), RunState::kCompleted);
+  expect_each_sample_once(config);
+  const Epoch& e = run.epochs()[0];
+  EXPECT_EQ(e.replanned_after, 0u);
+  EXPECT_TRUE(e.plan_speeds.empty());
+  const StepPlan& plan = run.cost_plan(e);
+  const StepPlan declared = plan_epoch_steps(
+      StepPlanConfig{2, config.seed, SetKind::kTrain, 0, 400, config.cost, {}, BucketOptions{}},
+      2000, config.train_lengths, 0);
+  ASSERT_EQ(plan.steps.size(), declared.steps.size());
+  for (size_t k = 0; k < plan.steps.size(); ++k) EXPECT_EQ(plan.steps[k], declared.steps[k]);
+  for (const Event& ev : run.events()) EXPECT_NE(ev.kind, EventKind::kEpochReplanned);
+}
+
 // A rank ahead of the others (prefetch) has begun steps whose other batches wait, queued, for
 // their ranks: the re-plan keeps every step up to the furthest begun, and the rank behind gets
 // the very batches it would have had.
@@ -549,7 +575,8 @@ TEST_F(CostBalancedRun, TheRePlanKeepsEveryStepARankAheadBegan) {
   for (const Job& j : next) {
     EXPECT_EQ(j.samples, before.steps[j.step].batches[1].samples) << "step " << j.step;
   }
-  const StepPlan& after = run.cost_plan(e);
+  // (A copy: the run drops its cached plan when the epoch closes, below.)
+  const StepPlan after = run.cost_plan(e);
   for (size_t k = 0; k < 7; ++k) EXPECT_EQ(after.steps[k], before.steps[k]) << "step " << k;
   EXPECT_NE(after.steps[7], before.steps[7]);
   for (size_t i = 1; i < ahead.size(); ++i) train(run, ranks[0], ahead[i]);

@@ -611,9 +611,9 @@ void Run::freeze_cost(Epoch& e) const {
 }
 
 bool Run::warm_up_due(const Epoch& e) const {
-  return config_.cost_balanced() && e.steps() && !e.closed() && e.plan_speeds.empty() &&
-         e.cursor < e.plan.end_job && cost_model_ && cost_model_->ranks() == e.ranks &&
-         cost_model_->fitted_for_every_rank();
+  return config_.cost_balanced() && config_.warm_up_replan && e.steps() && !e.closed() &&
+         e.plan_speeds.empty() && e.cursor < e.plan.end_job && cost_model_ &&
+         cost_model_->ranks() == e.ranks && cost_model_->fitted_for_every_rank();
 }
 
 // The steps begun (before the cursor) keep their batches: a rank ahead of the others (prefetch)

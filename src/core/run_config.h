@@ -120,6 +120,12 @@ struct RunConfig {
   std::vector<double> dev_lengths;
   uint64_t train_lengths_xxh64 = 0;  // the checksum of each (the config layer computes them)
   uint64_t dev_lengths_xxh64 = 0;
+  // Cost-balanced step mode: the rest of an epoch laid out with the declared cost is re-planned
+  // once the cost model has every rank's speed (Run::warm_up). False for a run whose config was
+  // stored by a build before that rule (stored formats "toml", "toml/2", "json", "json/2":
+  // parse_stored_run_config): its journal replays as the build that wrote it answered. Not a
+  // config key; a config stored since ("toml/3", "json/3") has it, a change of config too.
+  bool warm_up_replan = true;
   // A batch budget makes an auto run a step-mode run (cost-balanced batches are planned in steps).
   bool cost_balanced() const { return mode != ScheduleMode::kJobs && batch_budget > 0; }
 

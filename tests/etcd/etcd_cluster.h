@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -84,8 +86,21 @@ class EtcdCluster {
     m.pid = -1;
   }
   // Pauses member `i` (SIGSTOP) / lets it go on (SIGCONT).
+  // Returns once the kernel shows it stopped (state T; at most ~2 s): kill() only queues the
+  // signal, and on a loaded machine a thread of it could still answer a request sent right
+  // after (seen once: EtcdClient.FailsOverToAnotherMemberWhenOneIsKilledOrPaused).
   void stop(size_t i) {
-    if (members_[i].pid > 0) ::kill(members_[i].pid, SIGSTOP);
+    if (members_[i].pid <= 0) return;
+    ::kill(members_[i].pid, SIGSTOP);
+    const std::string stat = "/proc/" + std::to_string(members_[i].pid) + "/stat";
+    for (int tries = 0; tries < 200; ++tries) {
+      std::ifstream in(stat);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = text.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= text.size()) return;  // (gone)
+      if (text[paren + 2] == 'T' || text[paren + 2] == 't') return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   void resume(size_t i) {
     if (members_[i].pid > 0) ::kill(members_[i].pid, SIGCONT);
