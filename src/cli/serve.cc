@@ -151,7 +151,6 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   bool first = true;
   bool cut_off = false;  // said that etcd cannot be read
   uint64_t seen_changes = 0;
-  std::vector<std::string> led_before;
   std::map<std::string, int64_t> leaders_said, said_leading;
   std::map<std::string, int64_t> led_since;  // the runs led here, since when (ms, steady clock)
   Rebalancer rebalancer(url, BalancePolicy::for_lease_ttl(args.lease_ttl_s));
@@ -165,10 +164,12 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
       } else if ((kept && !*kept) || std::chrono::steady_clock::now() - renewed >= ttl) {
         const std::string why = kept ? "the etcd lease of this coordinator expired"
                                      : "cannot keep the etcd lease alive: " + kept.error().message;
-        journal.forget_all();
+        // (the leaderships end before the journal drops their runs: a reply whose records the
+        // journal dropped is never sent, see Leadership::step_down)
         for (const std::string& run : leadership.step_down_all(why)) {
           std::cerr << "traincoord: stepping down from run " << run << ": " << why << "\n";
         }
+        journal.forget_all();
         election.resign_all();
         if (!join_etcd()) break;
         renewed = std::chrono::steady_clock::now();
@@ -231,10 +232,11 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         }
         if (!in_etcd) continue;  // (read before its creation was written)
         if (in_etcd->term == term && in_etcd->leader == url) continue;
-        journal.forget(run);
-        if (leadership.step_down(run, "its leader key in etcd is no longer this coordinator's"))
+        if (leadership.step_down(run, "its leader key in etcd is no longer this coordinator's",
+                                 term))
           std::cerr << "traincoord: stepping down from run " << run
                     << ": its leader key in etcd is no longer this coordinator's\n";
+        journal.forget(run, term);
       }
       // Campaigns: runs with no leader, while this coordinator leads fewer than its share.
       size_t mine = 0;
@@ -312,12 +314,12 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           }
         }
         if (rc != 0) {
-          election.resign(r.run);
+          election.resign(r.run, term);
           break;
         }
         if (refused) {
           std::cerr << "traincoord: cannot take run " << r.run << " over: " << *refused << "\n";
-          election.resign(r.run);
+          election.resign(r.run, term);
           continue;
         }
         const int64_t lease = election.lease();
@@ -387,17 +389,18 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                 << term << ")" << std::endl;
     }
     (void)leadership.wait(&seen_changes, std::chrono::milliseconds(200));
-    // Runs that stepped down since: their leader keys go now (the next leader need not wait
-    // out the lease), their parked acquires are answered not_leader.
-    const std::vector<std::string> led_now = leadership.led();
-    for (const std::string& run : led_before) {
-      if (std::find(led_now.begin(), led_now.end(), run) != led_now.end()) continue;
-      journal.forget(run);
-      election.resign(run);
-      server->post([run](Coordinator& c) { c.drop_parked(run); });
+    // Leaderships ended since (each, however soon after it began): the journal drops them,
+    // their leader keys go now (the next leader need not wait out the lease; a later
+    // leadership of the run won here meanwhile keeps its own), their parked acquires are
+    // answered not_leader.
+    for (const auto& [run, term] : leadership.take_ended()) {
+      journal.forget(run, term);
+      election.resign(run, term);
+      server->post([run, &leadership](Coordinator& c) {
+        if (!leadership.view(run).leading) c.drop_parked(run);
+      });
       std::cout << "traincoord: no longer leading run " << run << std::endl;
     }
-    led_before = led_now;
   }
   server->stop();         // (when stopping: writes what was accepted first)
   election.resign_all();  // the other coordinators need not wait out the TTL

@@ -267,12 +267,18 @@ Result<bool> EtcdRunElection::keep_alive() {
   return kept->ttl_s > 0;
 }
 
-void EtcdRunElection::resign(const std::string& run) {
+void EtcdRunElection::resign(const std::string& run, int64_t term) {
   if (lease_ == 0) return;
   // (unreachable: the key goes with the lease, or stays until this coordinator's lease ends)
-  (void)client_->txn(
-      {{etcd::Compare::Target::kLease, etcd::Compare::Op::kEqual, key("leader", run), lease_, {}}},
-      {{etcd::Operation::Kind::kDeleteRange, key("leader", run), {}, {}, 0, 0}});
+  std::vector<etcd::Compare> compares{
+      {etcd::Compare::Target::kLease, etcd::Compare::Op::kEqual, key("leader", run), lease_, {}}};
+  // (a later leadership of the run won here meanwhile keeps its key)
+  if (term > 0) {
+    compares.push_back(
+        {etcd::Compare::Target::kCreate, etcd::Compare::Op::kEqual, key("leader", run), term, {}});
+  }
+  (void)client_->txn(compares,
+                     {{etcd::Operation::Kind::kDeleteRange, key("leader", run), {}, {}, 0, 0}});
 }
 
 void EtcdRunElection::resign_all() {
@@ -388,9 +394,11 @@ uint64_t EtcdRunJournal::lead(const std::string& run, int64_t term, int64_t leas
   return lead->generation;
 }
 
-void EtcdRunJournal::forget(const std::string& run) {
+void EtcdRunJournal::forget(const std::string& run, std::optional<int64_t> term) {
   std::lock_guard lock(mu_);
-  led_.erase(run);
+  auto it = led_.find(run);
+  if (it == led_.end() || (term && it->second->term.load() != *term)) return;
+  led_.erase(it);
 }
 
 void EtcdRunJournal::forget_all() {
@@ -412,7 +420,7 @@ std::vector<std::string> EtcdRunJournal::runs() const {
   return names;
 }
 
-std::vector<std::pair<std::string, std::string>> EtcdRunJournal::take_lost() {
+std::vector<Journal::LostRun> EtcdRunJournal::take_lost() {
   std::lock_guard lock(mu_);
   return std::exchange(lost_, {});
 }
@@ -771,10 +779,14 @@ Result<void> EtcdRunJournal::write(const JournalBatch& taken) {
     }
     // This run's leadership is over (refused), or in doubt (etcd did not answer): either way
     // nothing more is written or answered under it.
+    // (Reported only when it is still the leadership led here: one forgotten or replaced
+    // meanwhile ended already, and its failure, late, must not end a later one of the run.)
     std::lock_guard lock(mu_);
     auto it = led_.find(part.run);
-    if (it != led_.end() && it->second->generation == part.generation) led_.erase(it);
-    lost_.emplace_back(part.run, written.error().message);
+    if (it != led_.end() && it->second->generation == part.generation) {
+      led_.erase(it);
+      lost_.push_back({part.run, written.error().message, lead.term.load()});
+    }
     failures += (failures.empty() ? "" : "; ") + written.error().message;
   }
   if (wrote) {

@@ -137,8 +137,9 @@ class EtcdRunElection {
   // Keeps the lease alive: false when it is gone (expired or revoked): every leadership of this
   // coordinator is over (join() again to campaign anew).
   Result<bool> keep_alive();
-  // Ends the leadership of `run` at once (deletes its leader key if it is still this lease's).
-  void resign(const std::string& run);
+  // Ends the leadership of `run` at once (deletes its leader key if it is still this lease's,
+  // and with `term` > 0, of that term).
+  void resign(const std::string& run, int64_t term = 0);
   // Ends every leadership at once: revokes the lease (etcd deletes its keys with it); when etcd
   // cannot be reached, the next join() revokes it first.
   void resign_all();
@@ -170,8 +171,9 @@ class EtcdRunJournal final : public Journal {
   // a newer one.
   uint64_t lead(const std::string& run, int64_t term, int64_t lease, const RunCopy& copy);
   // Stops writing `run` (its leadership ended): what is taken of it from now on, or was taken
-  // before, is not written.
-  void forget(const std::string& run);
+  // before, is not written. With `term`, only while it is led under that term (a later
+  // leadership of the run begun here meanwhile is kept).
+  void forget(const std::string& run, std::optional<int64_t> term = std::nullopt);
   // Stops writing every run.
   void forget_all();
   // The generation of `run`'s leadership (0: not led by this journal), and its term (0: a run
@@ -185,9 +187,11 @@ class EtcdRunJournal final : public Journal {
   void set_advertised_url(std::string url);
 
   // The runs whose leadership a write ended (refused: another leads it, or this lease is gone;
-  // or etcd could not say whether it took it), with why; taken once (the commit thread).
-  std::vector<std::pair<std::string, std::string>> take_lost();
-  std::vector<std::pair<std::string, std::string>> take_lost_runs() override { return take_lost(); }
+  // or etcd could not say whether it took it), with why and its term; taken once (the commit
+  // thread). Only a leadership still led here when its write failed: one forgotten meanwhile
+  // (forget, forget_all: ended already) or replaced by a later one (lead) is not reported.
+  std::vector<LostRun> take_lost();
+  std::vector<LostRun> take_lost_runs() override { return take_lost(); }
   // The runs created here whose first write succeeded, with their term; taken once.
   std::vector<std::pair<std::string, int64_t>> take_won();
   std::vector<std::pair<std::string, int64_t>> take_won_runs() override { return take_won(); }
@@ -246,7 +250,7 @@ class EtcdRunJournal final : public Journal {
   std::map<std::string, std::shared_ptr<Lead>, std::less<>> led_;
   uint64_t next_generation_ = 1;
   std::string url_;
-  std::vector<std::pair<std::string, std::string>> lost_;
+  std::vector<LostRun> lost_;
   std::vector<std::pair<std::string, int64_t>> won_;
   // The engine thread's.
   std::unique_ptr<Batch> pending_;

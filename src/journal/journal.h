@@ -137,9 +137,14 @@ class Journal {
   virtual uint64_t reserve_bytes() const { return 0; }
 
   // Leadership per run (journal/etcd_run_journal.h): the runs whose leadership a write ended,
-  // with why, and the runs created here whose first write gave them a term; taken once, by the
-  // commit thread. Other journals have no leadership: none.
-  virtual std::vector<std::pair<std::string, std::string>> take_lost_runs() { return {}; }
+  // with why and the term of that leadership, and the runs created here whose first write gave
+  // them a term; taken once, by the commit thread. Other journals have no leadership: none.
+  struct LostRun {
+    std::string run;
+    std::string why;
+    int64_t term = 0;  // of the leadership that ended (0: created here, never written)
+  };
+  virtual std::vector<LostRun> take_lost_runs() { return {}; }
   virtual std::vector<std::pair<std::string, int64_t>> take_won_runs() { return {}; }
 
   // Its own series for GET /metrics, in the Prometheus text format (any thread).

@@ -266,6 +266,12 @@ void Coordinator::reply(ReplyTo to, HttpReply reply, std::string_view endpoint,
     if (view.leading) {
       generation = view.generation;
       if (view.term > 0) reply.headers = leader_headers(view);
+    } else if (view.known) {
+      // Its leadership ended while this was answered (another thread stepped it down: a write
+      // refused, the lease lost), or it is a parked acquire's of a run no longer led here:
+      // what it says may rest on records the journal no longer writes, so it is not said. The
+      // client asks again where the run is led, and is answered from what etcd holds.
+      reply = not_leader_reply(run, view);
     }
   }
   outbox_.push_back({std::move(to), std::move(reply), endpoint, std::string(run), generation});
@@ -418,6 +424,20 @@ uint64_t Coordinator::refresh(std::string_view run, ParkedRun& parked) {
 // ranks still training (W² retries per epoch on the engine thread).
 void Coordinator::serve_parked(std::string_view name, ParkedRun& parked, TimeMs now, bool sweep) {
   std::deque<Parked>& queue = parked.queue;
+  if (options_.leadership && !queue.empty()) {
+    // High availability: a run whose leadership ended (on another thread) is not asked: what
+    // it would hand out or accept is no longer written. Its acquires are answered not_leader
+    // (drop_parked, posted when the leadership ended, may come a while later).
+    const Leadership::View view = options_.leadership->view(name);
+    if (view.known && !view.leading) {
+      for (Parked& p : queue) {
+        outbox_.push_back(
+            {std::move(p.to), not_leader_reply(name, view), p.endpoint, std::string(name), 0});
+      }
+      queue.clear();
+      return;
+    }
+  }
   const auto run = queue.empty() ? Result<Run*>(nullptr) : engine_.find(name);
   const bool each = run && *run && (*run)->mode() == ScheduleMode::kSteps;
   if (each) refresh(name, parked);

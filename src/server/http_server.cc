@@ -418,10 +418,10 @@ class HttpServer::Impl {
           commit_batch_.observe(static_cast<double>(requests));
         }
         for (auto& [run, term] : journal_->take_won_runs()) leadership->set_term(run, term);
-        for (auto& [run, why] : journal_->take_lost_runs()) {
-          if (leadership->step_down(run, why)) {
-            std::fprintf(stderr, "traincoord: stepping down from run %s: %s\n", run.c_str(),
-                         why.c_str());
+        for (const Journal::LostRun& lost : journal_->take_lost_runs()) {
+          if (leadership->step_down(lost.run, lost.why, lost.term)) {
+            std::fprintf(stderr, "traincoord: stepping down from run %s: %s\n", lost.run.c_str(),
+                         lost.why.c_str());
           }
         }
         for (Wave& w : work) {

@@ -165,13 +165,19 @@ class Leadership {
   }
 
   // Ends this coordinator's leadership of `run` (a write refused, the lease lost): from now on
-  // nothing of it is written or answered under that leadership. Returns false when it did not
-  // lead it.
-  bool step_down(const std::string& run, const std::string& why) {
+  // nothing of it is answered under that leadership. With `term`, only the leadership of that
+  // term (a write's failure may come back after a later leadership of the run began here: it
+  // ends the one it was written under, which has ended already, not the later one). Returns
+  // false when it did not lead it (under `term`). Whoever also drops the run from the journal
+  // does so after this (see take_ended): never is a record dropped while its reply may go out.
+  bool step_down(const std::string& run, const std::string& why,
+                 std::optional<int64_t> term = std::nullopt) {
     {
       std::lock_guard lock(mu_);
       auto it = runs_.find(run);
       if (it == runs_.end() || !it->second.view.leading) return false;
+      if (term && it->second.view.term != *term) return false;
+      ended_.emplace_back(run, it->second.view.term);
       it->second.view = {false, 0, {}, 0, true};
       stepdowns_ += 1;
       why_ += (why_.empty() ? "" : "; ") + why;
@@ -179,6 +185,13 @@ class Leadership {
     }
     cv_.notify_all();
     return true;
+  }
+  // The leaderships ended since the last call (run, term), in order; taken once, by the thread
+  // that then drops each from the journal and resigns its leader key (serve), so that none is
+  // missed however soon after it began it ended.
+  std::vector<std::pair<std::string, int64_t>> take_ended() {
+    std::lock_guard lock(mu_);
+    return std::exchange(ended_, {});
   }
   // Ends every leadership of this coordinator. Returns the runs it led.
   std::vector<std::string> step_down_all(const std::string& why) {
@@ -410,6 +423,7 @@ class Leadership {
   size_t members_ = 0;
   bool synced_ = false;  // etcd read once (saw)
   std::string why_;
+  std::vector<std::pair<std::string, int64_t>> ended_;  // (take_ended)
   bool stop_ = false;
   uint64_t changed_ = 0;
   std::optional<std::chrono::steady_clock::time_point> journal_seen_;
