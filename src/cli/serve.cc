@@ -154,6 +154,24 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   std::map<std::string, int64_t> leaders_said, said_leading;
   std::map<std::string, int64_t> led_since;  // the runs led here, since when (ms, steady clock)
   Rebalancer rebalancer(url, BalancePolicy::for_lease_ttl(args.lease_ttl_s));
+  // Leader keys to delete (run, term): tried each turn until etcd answers, so that no run is
+  // left with a key of this coordinator that no leadership here serves (no other coordinator
+  // campaigns for it while the key lasts, and this one keeps its lease alive).
+  std::vector<std::pair<std::string, int64_t>> to_resign;
+  // Leaderships ended since (each, however soon after it began): the journal drops them (a
+  // later leadership of the run begun here meanwhile is kept), their leader keys go (the next
+  // leader need not wait out the lease), their parked acquires are answered not_leader.
+  auto end_leaderships = [&] {
+    for (const auto& [run, term] : leadership.take_ended()) {
+      journal.forget(run, term);
+      to_resign.emplace_back(run, term);
+      server->post([run, &leadership](Coordinator& c) {
+        if (!leadership.view(run).leading) c.drop_parked(run);
+      });
+      std::cout << "traincoord: no longer leading run " << run << std::endl;
+    }
+    std::erase_if(to_resign, [&](const auto& r) { return election.resign(r.first, r.second); });
+  };
   while (!leadership.stop_requested() && rc == 0) {
     // The lease: kept alive a third of its TTL at a time; lost (or not renewed within its TTL),
     // every leadership ends, and a new lease is taken to campaign anew.
@@ -166,11 +184,12 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                                      : "cannot keep the etcd lease alive: " + kept.error().message;
         // (the leaderships end before the journal drops their runs: a reply whose records the
         // journal dropped is never sent, see Leadership::step_down)
-        for (const std::string& run : leadership.step_down_all(why)) {
+        for (const auto& [run, term] : leadership.step_down_all(why)) {
           std::cerr << "traincoord: stepping down from run " << run << ": " << why << "\n";
         }
-        journal.forget_all();
-        election.resign_all();
+        election.resign_all();  // (its leader keys go with it)
+        end_leaderships();
+        to_resign.clear();  // (a term-0 key's resign would compare the next lease alone)
         if (!join_etcd()) break;
         renewed = std::chrono::steady_clock::now();
       }
@@ -330,6 +349,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
           if (!run) {
             std::cerr << "traincoord: cannot take run " << name << " over: " << run.error().message
                       << "\n";
+            leadership.abandon(name, term);  // (its leader key is resigned)
             return;
           }
           if (copy.head_time > c.clock().now()) c.clock().go_live(copy.head_time);
@@ -389,18 +409,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                 << term << ")" << std::endl;
     }
     (void)leadership.wait(&seen_changes, std::chrono::milliseconds(200));
-    // Leaderships ended since (each, however soon after it began): the journal drops them,
-    // their leader keys go now (the next leader need not wait out the lease; a later
-    // leadership of the run won here meanwhile keeps its own), their parked acquires are
-    // answered not_leader.
-    for (const auto& [run, term] : leadership.take_ended()) {
-      journal.forget(run, term);
-      election.resign(run, term);
-      server->post([run, &leadership](Coordinator& c) {
-        if (!leadership.view(run).leading) c.drop_parked(run);
-      });
-      std::cout << "traincoord: no longer leading run " << run << std::endl;
-    }
+    end_leaderships();
   }
   server->stop();         // (when stopping: writes what was accepted first)
   election.resign_all();  // the other coordinators need not wait out the TTL

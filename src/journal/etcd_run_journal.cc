@@ -267,9 +267,9 @@ Result<bool> EtcdRunElection::keep_alive() {
   return kept->ttl_s > 0;
 }
 
-void EtcdRunElection::resign(const std::string& run, int64_t term) {
-  if (lease_ == 0) return;
-  // (unreachable: the key goes with the lease, or stays until this coordinator's lease ends)
+bool EtcdRunElection::resign(const std::string& run, int64_t term) {
+  if (lease_ == 0) return true;
+  // (unanswered: the caller tries again; the key goes with the lease meanwhile, if it ends)
   std::vector<etcd::Compare> compares{
       {etcd::Compare::Target::kLease, etcd::Compare::Op::kEqual, key("leader", run), lease_, {}}};
   // (a later leadership of the run won here meanwhile keeps its key)
@@ -277,8 +277,9 @@ void EtcdRunElection::resign(const std::string& run, int64_t term) {
     compares.push_back(
         {etcd::Compare::Target::kCreate, etcd::Compare::Op::kEqual, key("leader", run), term, {}});
   }
-  (void)client_->txn(compares,
-                     {{etcd::Operation::Kind::kDeleteRange, key("leader", run), {}, {}, 0, 0}});
+  return client_
+      ->txn(compares, {{etcd::Operation::Kind::kDeleteRange, key("leader", run), {}, {}, 0, 0}})
+      .has_value();
 }
 
 void EtcdRunElection::resign_all() {
@@ -292,6 +293,7 @@ void EtcdRunElection::resign_all() {
 struct EtcdRunJournal::Lead {
   uint64_t generation = 0;
   std::atomic<int64_t> term{0};  // 0: created here, not yet written
+  bool created_here = false;     // (add_run; else lead(): a takeover)
   int64_t lease = 0;
   TimeMs created_ms = 0;  // when the run was created (its config key says it again)
   // The commit thread's.
@@ -397,13 +399,13 @@ uint64_t EtcdRunJournal::lead(const std::string& run, int64_t term, int64_t leas
 void EtcdRunJournal::forget(const std::string& run, std::optional<int64_t> term) {
   std::lock_guard lock(mu_);
   auto it = led_.find(run);
-  if (it == led_.end() || (term && it->second->term.load() != *term)) return;
+  if (it == led_.end()) return;
+  // (term 0: the leadership of a run created here, whose term the Leadership may not know yet
+  // though its first write gave it one)
+  if (term && it->second->term.load() != *term && !(*term == 0 && it->second->created_here)) {
+    return;
+  }
   led_.erase(it);
-}
-
-void EtcdRunJournal::forget_all() {
-  std::lock_guard lock(mu_);
-  led_.clear();
 }
 
 std::pair<uint64_t, int64_t> EtcdRunJournal::leadership_of(std::string_view run) const {
@@ -435,6 +437,7 @@ void EtcdRunJournal::add_run(const std::string& name, std::string_view format,
   auto lead = std::make_shared<Lead>();
   lead->lease = lease_for_new_.load();
   lead->created_ms = created;
+  lead->created_here = true;
   {
     std::lock_guard lock(mu_);
     lead->generation = next_generation_++;

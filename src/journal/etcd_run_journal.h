@@ -138,8 +138,8 @@ class EtcdRunElection {
   // coordinator is over (join() again to campaign anew).
   Result<bool> keep_alive();
   // Ends the leadership of `run` at once (deletes its leader key if it is still this lease's,
-  // and with `term` > 0, of that term).
-  void resign(const std::string& run, int64_t term = 0);
+  // and with `term` > 0, of that term). Returns false when etcd did not answer (try again).
+  bool resign(const std::string& run, int64_t term = 0);
   // Ends every leadership at once: revokes the lease (etcd deletes its keys with it); when etcd
   // cannot be reached, the next join() revokes it first.
   void resign_all();
@@ -174,8 +174,6 @@ class EtcdRunJournal final : public Journal {
   // before, is not written. With `term`, only while it is led under that term (a later
   // leadership of the run begun here meanwhile is kept).
   void forget(const std::string& run, std::optional<int64_t> term = std::nullopt);
-  // Stops writing every run.
-  void forget_all();
   // The generation of `run`'s leadership (0: not led by this journal), and its term (0: a run
   // created here whose first write has not been made yet).
   std::pair<uint64_t, int64_t> leadership_of(std::string_view run) const;
@@ -189,7 +187,7 @@ class EtcdRunJournal final : public Journal {
   // The runs whose leadership a write ended (refused: another leads it, or this lease is gone;
   // or etcd could not say whether it took it), with why and its term; taken once (the commit
   // thread). Only a leadership still led here when its write failed: one forgotten meanwhile
-  // (forget, forget_all: ended already) or replaced by a later one (lead) is not reported.
+  // (forget: ended already) or replaced by a later one (lead) is not reported.
   std::vector<LostRun> take_lost();
   std::vector<LostRun> take_lost_runs() override { return take_lost(); }
   // The runs created here whose first write succeeded, with their term; taken once.

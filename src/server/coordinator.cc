@@ -132,7 +132,10 @@ Wave Coordinator::step(std::vector<Call>& calls, bool journal_full) {
         if (auto config = parse_run_config_json(request.body, "run config")) about = config->name;
       }
       const Leadership::View view = options_.leadership->view(about);
-      if (!about.empty() && view.known && !view.leading) {
+      if (!about.empty() && !view.leading &&
+          (view.known || (endpoint != "create_run" && engine_.find(about)))) {
+        // (a run held here but known to no leader: its create never landed in etcd, and the
+        // next read of etcd forgot it; nothing of it is written, so nothing is answered)
         outbox_.push_back({std::move(call.to), not_leader_reply(about, view), endpoint, about, 0});
         continue;
       }
@@ -266,7 +269,7 @@ void Coordinator::reply(ReplyTo to, HttpReply reply, std::string_view endpoint,
     if (view.leading) {
       generation = view.generation;
       if (view.term > 0) reply.headers = leader_headers(view);
-    } else if (view.known) {
+    } else if (view.known || (endpoint != "create_run" && engine_.find(run))) {
       // Its leadership ended while this was answered (another thread stepped it down: a write
       // refused, the lease lost), or it is a parked acquire's of a run no longer led here:
       // what it says may rest on records the journal no longer writes, so it is not said. The
@@ -429,7 +432,7 @@ void Coordinator::serve_parked(std::string_view name, ParkedRun& parked, TimeMs 
     // it would hand out or accept is no longer written. Its acquires are answered not_leader
     // (drop_parked, posted when the leadership ended, may come a while later).
     const Leadership::View view = options_.leadership->view(name);
-    if (view.known && !view.leading) {
+    if (!view.leading) {
       for (Parked& p : queue) {
         outbox_.push_back(
             {std::move(p.to), not_leader_reply(name, view), p.endpoint, std::string(name), 0});

@@ -427,6 +427,12 @@ class HttpServer::Impl {
         for (Wave& w : work) {
           std::vector<Outgoing> sendable;
           for (Outgoing& o : w.replies) {
+            if (o.generation == 0 && !o.run.empty() && o.reply.status < 300) {
+              // (a run's success produced under no leadership of it here: nothing says its
+              // records were written; Coordinator::reply makes none, and none goes out)
+              dropped_ += 1;
+              continue;
+            }
             if (o.generation != 0) {
               if (!leadership->leads(o.run, o.generation)) {
                 dropped_ += 1;

@@ -193,11 +193,35 @@ class Leadership {
     std::lock_guard lock(mu_);
     return std::exchange(ended_, {});
   }
-  // Ends every leadership of this coordinator. Returns the runs it led.
-  std::vector<std::string> step_down_all(const std::string& why) {
-    std::vector<std::string> names = led();
-    for (const std::string& run : names) step_down(run, why);
-    return names;
+  // Ends every leadership of this coordinator at once (one that begins later is not ended).
+  // Returns the runs it led, with the term of each.
+  std::vector<std::pair<std::string, int64_t>> step_down_all(const std::string& why) {
+    std::vector<std::pair<std::string, int64_t>> ended;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [name, r] : runs_) {
+        if (!r.view.leading) continue;
+        ended.emplace_back(name, r.view.term);
+        ended_.emplace_back(name, r.view.term);
+        r.view = {false, 0, {}, 0, true};
+        stepdowns_ += 1;
+      }
+      if (ended.empty()) return ended;
+      why_ += (why_.empty() ? "" : "; ") + why;
+      changed_ += 1;
+    }
+    cv_.notify_all();
+    return ended;
+  }
+  // A leadership won in etcd (its leader key ours, of `term`) that this coordinator could not
+  // begin (the run would not load): handed to take_ended, so its key is resigned.
+  void abandon(const std::string& run, int64_t term) {
+    {
+      std::lock_guard lock(mu_);
+      ended_.emplace_back(run, term);
+      changed_ += 1;
+    }
+    cv_.notify_all();
   }
   // The process is asked to stop (a signal).
   void request_stop() {

@@ -92,6 +92,7 @@ class Coord {
       lost_why.push_back(l.why);
     }
     for (Outgoing& o : w.replies) {
+      if (o.generation == 0 && !o.run.empty() && o.reply.status < 300) continue;   // dropped
       if (o.generation != 0 && !leadership_.leads(o.run, o.generation)) continue;  // dropped
       o.to.respond(std::move(o.reply));
     }
@@ -126,6 +127,7 @@ class Coord {
     engine_.adopt(std::move(*moved));
     journal_.lead(run, **won, election_.lease(), *copy);
     leadership_.lead(run, **won);
+    coordinator_->drop_parked(run);  // (as serve does)
     return true;
   }
 
@@ -426,6 +428,34 @@ TEST(EtcdRunLeadership, AParkedAcquireOfARunNoLongerLedIsAnsweredNotLeaderAndHan
   EXPECT_EQ(again.status, 200) << again.body;
   EXPECT_NE(again.body.find("\"lease\":"), std::string::npos) << again.body;
   EXPECT_TRUE(a.lost.empty());
+}
+
+// (From review.) A run created here whose create never reached etcd (etcd down) steps down; the
+// next read of etcd forgets it (it is in no etcd), while the engine still holds it. Its requests
+// are answered 421, never from that copy (a worker registered and handed a job no journal
+// writes, while another coordinator creates and leads the same run).
+TEST(EtcdRunLeadership, ARunWhoseCreateNeverLandedIsNotServedFromTheEngineCopy) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  auto options = options_of(cluster);
+  options.timeout = std::chrono::milliseconds(300);
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60);
+  cluster.kill(0);
+  HttpReply created = a.post("/v1/runs", config_json("x", 2));
+  EXPECT_EQ(created.status, 0) << created.body;  // dropped: its create failed
+  ASSERT_EQ(a.lost, std::vector<std::string>{"x"});
+  ASSERT_TRUE(cluster.restart(0));
+  a.sync();
+  EXPECT_FALSE(a.leadership().view("x").known);
+  Coord b(wall, options, "http://b", 60);
+  ASSERT_EQ(b.post("/v1/runs", config_json("x", 2)).status, 201);
+  HttpReply reg = a.post("/v1/runs/x/workers", R"({"name": "w0"})");
+  EXPECT_EQ(reg.status, 421) << reg.body;
+  a.sync();  // (now x is b's in etcd: known here, 421 naming b)
+  reg = a.post("/v1/runs/x/workers", R"({"name": "w1"})");
+  EXPECT_EQ(reg.status, 421) << reg.body;
+  EXPECT_NE(reg.body.find("http://b"), std::string::npos) << reg.body;
 }
 
 // A coordinator that gave its lease up while etcd was down (its runs stepped down) revokes it
