@@ -162,9 +162,10 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
   // later leadership of the run begun here meanwhile is kept), their leader keys go (the next
   // leader need not wait out the lease), their parked acquires are answered not_leader.
   auto end_leaderships = [&] {
-    for (const auto& [run, term] : leadership.take_ended()) {
-      journal.forget(run, term);
-      to_resign.emplace_back(run, term);
+    for (const auto& ended : leadership.take_ended()) {
+      const std::string& run = ended.first;
+      journal.forget(run, ended.second);
+      to_resign.push_back(ended);
       server->post([run, &leadership](Coordinator& c) {
         if (!leadership.view(run).leading) c.drop_parked(run);
       });
@@ -184,8 +185,8 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
                                      : "cannot keep the etcd lease alive: " + kept.error().message;
         // (the leaderships end before the journal drops their runs: a reply whose records the
         // journal dropped is never sent, see Leadership::step_down)
-        for (const auto& [run, term] : leadership.step_down_all(why)) {
-          std::cerr << "traincoord: stepping down from run " << run << ": " << why << "\n";
+        for (const auto& ended : leadership.step_down_all(why)) {
+          std::cerr << "traincoord: stepping down from run " << ended.first << ": " << why << "\n";
         }
         election.resign_all();  // (its leader keys go with it)
         end_leaderships();

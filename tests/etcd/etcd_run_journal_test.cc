@@ -7,7 +7,14 @@
 #include "journal/etcd_run_journal.h"
 
 #include <gtest/gtest.h>
+#include <rapidjson/document.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include <zlib.h>
@@ -76,14 +83,18 @@ class Coord {
 
   // The replies of `requests` that may go out (those answered later, parked acquires', go to
   // `replies` when given).
+  // `before_write`: what happens on other threads between the step and its write (a leadership
+  // lost, as the election thread ends it).
   std::vector<HttpReply> wave(const std::vector<HttpRequest>& requests,
-                              std::shared_ptr<std::vector<HttpReply>> replies = nullptr) {
+                              std::shared_ptr<std::vector<HttpReply>> replies = nullptr,
+                              const std::function<void()>& before_write = {}) {
     std::vector<Call> calls;
     if (!replies) replies = std::make_shared<std::vector<HttpReply>>();
     for (const HttpRequest& r : requests) {
       calls.push_back({r, ReplyTo{[replies](HttpReply reply) { replies->push_back(reply); }, {}}});
     }
     Wave w = coordinator_->step(calls);
+    if (before_write) before_write();
     if (w.writes) (void)journal_.write(*w.writes);
     for (auto& [run, term] : journal_.take_won_runs()) leadership_.set_term(run, term);
     for (const Journal::LostRun& l : journal_.take_lost_runs()) {
@@ -456,6 +467,236 @@ TEST(EtcdRunLeadership, ARunWhoseCreateNeverLandedIsNotServedFromTheEngineCopy) 
   reg = a.post("/v1/runs/x/workers", R"({"name": "w1"})");
   EXPECT_EQ(reg.status, 421) << reg.body;
   EXPECT_NE(reg.body.find("http://b"), std::string::npos) << reg.body;
+}
+
+// Seeded (TRAINCOORD_HA_SIM_SEED replays one): the leadership of a run moves between two
+// coordinators (leases lost, as serve ends them: the leadership, then the journal's lead, then
+// the leader key; sometimes between a wave's answers and their write; takeovers by either) while
+// three workers acquire and complete flat out, some waiting for a job (parked), and the engines
+// tick (leases expire, parked acquires are tried again, long polls run out). A worker sends a
+// request again (the same request id) when told 421, or when no answer came (a reply dropped
+// with its leadership). What a worker is told rests on what etcd holds: a coordinator that takes
+// the run over at the end, replaying etcd, counts every completion a worker was told was
+// accepted, under that worker; no job is told accepted twice; no worker is refused a lease it
+// was handed (a lease the journal never wrote would be unknown, or another's).
+void simulate_leadership_moves(uint64_t seed, int steps) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (TRAINCOORD_HA_SIM_SEED=" + std::to_string(seed) +
+               " replays it)");
+  std::mt19937_64 rng(seed);
+  auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  auto options = options_of(cluster);
+  options.snapshot_every = 1'000'000;  // (the final replay counts every completion: its history)
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60), b(wall, options, "http://b", 60);
+  Coord* coords[2] = {&a, &b};
+  // (few jobs an epoch for three workers: they often wait at an epoch's end, parked)
+  ASSERT_EQ(a.post("/v1/runs", config_json("x", 5)).status, 201);
+  auto leader = [&]() -> Coord* {
+    for (Coord* c : coords) {
+      if (c->leadership().view("x").leading) return c;
+    }
+    return nullptr;
+  };
+  // Ends the leader's leadership of x as serve does.
+  auto lose = [&](Coord* c) {
+    const int64_t term = c->leadership().view("x").term;
+    if (std::getenv("TRAINCOORD_HA_SIM_VERBOSE")) {
+      std::printf("lose %s term %lld\n", c == &a ? "a" : "b", static_cast<long long>(term));
+    }
+    if (!c->leadership().step_down("x", "simulated: its lease lost", term)) return;
+    c->journal().forget("x", term);
+    c->election().resign("x", term);
+  };
+
+  struct Worker {
+    std::string name;
+    uint64_t id = 0;
+    std::optional<uint64_t> lease;  // held
+    std::string job;                // its job ("SET EPOCH INDEX")
+    std::optional<HttpRequest> pending;
+    std::string completing;  // the job `pending` completes (empty: an acquire)
+    std::shared_ptr<std::vector<HttpReply>> inbox;  // of the latest try
+    int waited = 0;                                 // steps since the latest try, unanswered
+    bool finished = false;
+  };
+  std::vector<Worker> workers(3);
+  for (size_t w = 0; w < workers.size(); ++w) {
+    workers[w].name = "w" + std::to_string(w);
+    HttpReply r = a.post("/v1/runs/x/workers", R"({"name": ")" + workers[w].name + "\"}");
+    ASSERT_EQ(r.status, 200) << r.body;
+    workers[w].id = std::stoull(r.body.substr(r.body.find("\"worker\":") + 9));
+  }
+  uint64_t next_request = 1;
+  std::map<std::string, std::vector<std::string>> told;   // job -> workers told "accepted"
+  std::map<std::string, uint64_t> told_to, duplicate_to;  // worker -> completions told so
+  std::vector<std::string> refused;                       // answers no worker should get
+  auto take_job = [](Worker& w, const rapidjson::Value& v) {
+    if (!v.IsObject() || !v.HasMember("status") || !v["status"].IsString()) return;
+    const std::string status = v["status"].GetString();
+    if (status == "finished") w.finished = true;
+    if (status != "job") return;
+    const rapidjson::Value& j = v.HasMember("job") ? v["job"] : v["jobs"][0];
+    w.lease = j["lease"].GetUint64();
+    w.job = std::string(j["set"].GetString()) + " " + std::to_string(j["epoch"].GetUint64()) + " " +
+            std::to_string(j["index"].GetUint64());
+  };
+  const bool verbose = std::getenv("TRAINCOORD_HA_SIM_VERBOSE") != nullptr;
+  auto answered = [&](Worker& w, const HttpReply& r) {
+    if (verbose) {
+      std::printf("  %s %s %s -> %d %s\n", w.name.c_str(),
+                  w.pending ? w.pending->target.c_str() : "?",
+                  w.pending ? w.pending->body.c_str() : "", r.status, r.body.c_str());
+    }
+    w.inbox.reset();
+    w.waited = 0;
+    if (r.status == 421) return;  // (sent again)
+    if (r.status != 200) {
+      refused.push_back(w.name + " " + w.pending->target + " " + w.pending->body + " -> " +
+                        std::to_string(r.status) + " " + r.body);
+      w.pending.reset();
+      w.completing.clear();
+      w.lease.reset();
+      return;
+    }
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    ASSERT_FALSE(d.HasParseError()) << r.body;
+    const bool shaped =
+        d.IsObject() &&
+        (w.completing.empty() ||
+         (d.HasMember("outcomes") && d["outcomes"].IsArray() && !d["outcomes"].Empty()));
+    if (!shaped) {
+      refused.push_back(w.name + " " + w.pending->target + " " + w.pending->body +
+                        " -> an answer of another shape: " + r.body);
+      w.pending.reset();
+      w.completing.clear();
+      w.lease.reset();
+      return;
+    }
+    if (!w.completing.empty()) {
+      const std::string outcome = d["outcomes"][0]["outcome"].GetString();
+      if (outcome == "accepted") {
+        told[w.completing].push_back(w.name);
+        told_to[w.name] += 1;
+      } else if (outcome == "duplicate") {
+        duplicate_to[w.name] += 1;
+      }
+      w.lease.reset();
+      take_job(w, d["next"]);
+    } else {
+      take_job(w, d);
+    }
+    w.pending.reset();
+    w.completing.clear();
+  };
+  auto drain = [&] {
+    for (Worker& w : workers) {
+      if (w.inbox && !w.inbox->empty()) {
+        const HttpReply r = w.inbox->front();  // (answered() lets the inbox go)
+        answered(w, r);
+      }
+    }
+  };
+  auto tick = [&] {
+    if (verbose) std::printf("tick\n");
+    wall.advance(50 + pick(190));
+    for (Coord* c : coords) {
+      c->wave({});
+      c->sync();
+    }
+    for (Worker& w : workers) w.waited += w.inbox ? 1 : 0;
+    drain();
+  };
+
+  for (int step = 0; step < steps; ++step) {
+    const uint64_t action = pick(100);
+    if (action < 62) {
+      Worker& w = workers[pick(workers.size())];
+      if (w.finished || (w.inbox && w.waited < 25)) continue;  // (waiting for its answer)
+      if (!w.pending) {
+        const std::string me = R"({"worker": )" + std::to_string(w.id) + R"(, "request": )" +
+                               std::to_string(next_request++) + R"(, "wait_ms": )" +
+                               std::to_string(pick(4) == 0 ? 0 : 3000);
+        if (w.lease) {
+          w.completing = w.job;
+          w.pending =
+              HttpRequest{"POST",
+                          "/v1/runs/x/complete",
+                          me + R"(, "completions": [{"lease": )" + std::to_string(*w.lease) +
+                              R"(, "loss": 0.5, "samples": 4}], "next": true})",
+                          {}};
+        } else {
+          w.pending = HttpRequest{"POST", "/v1/runs/x/acquire", me + "}", {}};
+        }
+      }
+      Coord* to = leader();
+      if (!to) to = coords[pick(2)];
+      w.inbox = std::make_shared<std::vector<HttpReply>>();  // (an earlier try's answer is lost)
+      w.waited = 0;
+      std::function<void()> meanwhile;
+      if (pick(100) < 10) meanwhile = [&, to] { lose(to); };
+      to->wave({*w.pending}, w.inbox, meanwhile);
+      drain();
+    } else if (action < 67) {
+      if (Coord* l = leader()) lose(l);
+    } else if (action < 71) {
+      if (!leader()) {
+        Coord* c = coords[pick(2)];
+        const bool won = c->take_over("x");
+        if (verbose) std::printf("take_over %s: %d\n", c == &a ? "a" : "b", won);
+        drain();
+      }
+    } else {
+      tick();
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+
+  // A coordinator that takes x over now (after its leader, if any, lets it go) replays etcd.
+  if (Coord* l = leader()) lose(l);
+  ManualClock wall_r(wall.now());
+  Coord reader(wall_r, options, "http://reader", 60);
+  ASSERT_TRUE(reader.take_over("x"));
+  HttpReply status = reader.get("/v1/runs/x?epochs=0");
+  ASSERT_EQ(status.status, 200) << status.body;
+  rapidjson::Document d;
+  d.Parse(status.body.c_str());
+  ASSERT_FALSE(d.HasParseError()) << status.body;
+  // Each worker's completions counted: those it was told were accepted, those it was told were
+  // duplicates (accepted by an earlier try whose answer it never had), and at most the one it
+  // still waits to hear of.
+  EXPECT_GT(told.size(), 10u) << "too little happened to say anything";
+  for (const auto& [job, names] : told)
+    EXPECT_EQ(names.size(), 1u) << job << " told accepted twice";
+  for (const rapidjson::Value& v : d["workers"].GetArray()) {
+    const std::string name = v["name"].GetString();
+    const Worker& w = *std::find_if(workers.begin(), workers.end(),
+                                    [&](const Worker& x) { return x.name == name; });
+    const uint64_t accepted = told_to[name], duplicates = duplicate_to[name];
+    const uint64_t counted = v["jobs_done"].GetUint64();
+    EXPECT_GE(counted, accepted + duplicates)
+        << name << " was told of " << accepted << " accepted and " << duplicates
+        << " duplicate completions; the leader replaying etcd counts " << counted;
+    EXPECT_LE(counted, accepted + duplicates + (w.completing.empty() ? 0 : 1))
+        << name << " was told of " << accepted << " accepted and " << duplicates
+        << " duplicate completions; the leader replaying etcd counts " << counted;
+  }
+  for (const std::string& r : refused) ADD_FAILURE() << "refused: " << r;
+  std::printf("seed %llu: %zu completions told accepted, each counted once\n",
+              static_cast<unsigned long long>(seed), told.size());
+}
+
+TEST(EtcdRunLeadership, SeededLeadershipMovesTellWorkersOnlyWhatEtcdHolds) {
+  if (const char* s = std::getenv("TRAINCOORD_HA_SIM_SEED"); s && *s) {
+    simulate_leadership_moves(std::strtoull(s, nullptr, 10), 600);
+    return;
+  }
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    simulate_leadership_moves(seed, 400);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 // A coordinator that gave its lease up while etcd was down (its runs stepped down) revokes it
