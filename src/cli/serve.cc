@@ -165,7 +165,9 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
     for (const auto& ended : leadership.take_ended()) {
       const std::string& run = ended.first;
       journal.forget(run, ended.second);
-      to_resign.push_back(ended);
+      // (term 0, a run created here: its key's resign compares the lease alone, so not while
+      // a later leadership of the run begun here holds it)
+      if (ended.second != 0 || !leadership.view(run).leading) to_resign.push_back(ended);
       server->post([run, &leadership](Coordinator& c) {
         if (!leadership.view(run).leading) c.drop_parked(run);
       });
@@ -339,7 +341,7 @@ static int serve_ha(const ServeArgs& args, const std::vector<ConfigFile>& files,
         }
         if (refused) {
           std::cerr << "traincoord: cannot take run " << r.run << " over: " << *refused << "\n";
-          election.resign(r.run, term);
+          to_resign.emplace_back(r.run, term);  // (until etcd answers: end_leaderships)
           continue;
         }
         const int64_t lease = election.lease();

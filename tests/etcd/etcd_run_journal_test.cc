@@ -537,7 +537,8 @@ void simulate_leadership_moves(uint64_t seed, int steps) {
     const std::string status = v["status"].GetString();
     if (status == "finished") w.finished = true;
     if (status != "job") return;
-    const rapidjson::Value& j = v.HasMember("job") ? v["job"] : v["jobs"][0];
+    if (!v.HasMember("job") || !v["job"].IsObject()) return;
+    const rapidjson::Value& j = v["job"];
     w.lease = j["lease"].GetUint64();
     w.job = std::string(j["set"].GetString()) + " " + std::to_string(j["epoch"].GetUint64()) + " " +
             std::to_string(j["index"].GetUint64());
@@ -670,10 +671,14 @@ void simulate_leadership_moves(uint64_t seed, int steps) {
   EXPECT_GT(told.size(), 10u) << "too little happened to say anything";
   for (const auto& [job, names] : told)
     EXPECT_EQ(names.size(), 1u) << job << " told accepted twice";
+  ASSERT_TRUE(d.IsObject() && d.HasMember("workers") && d["workers"].IsArray()) << status.body;
+  ASSERT_EQ(d["workers"].Size(), workers.size()) << status.body;
   for (const rapidjson::Value& v : d["workers"].GetArray()) {
     const std::string name = v["name"].GetString();
-    const Worker& w = *std::find_if(workers.begin(), workers.end(),
-                                    [&](const Worker& x) { return x.name == name; });
+    auto found = std::find_if(workers.begin(), workers.end(),
+                              [&](const Worker& x) { return x.name == name; });
+    ASSERT_NE(found, workers.end()) << name;
+    const Worker& w = *found;
     const uint64_t accepted = told_to[name], duplicates = duplicate_to[name];
     const uint64_t counted = v["jobs_done"].GetUint64();
     EXPECT_GE(counted, accepted + duplicates)
