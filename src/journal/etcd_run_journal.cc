@@ -180,9 +180,19 @@ Result<std::optional<int64_t>> EtcdRunElection::campaign(const std::string& run)
   using C = etcd::Compare;
   auto r = client_->txn({{C::Target::kCreate, C::Op::kEqual, key("leader", run), 0, {}},
                          {C::Target::kCreate, C::Op::kGreater, key("head", run), 0, {}}},
-                        {{etcd::Operation::Kind::kPut, key("leader", run), url_, {}, lease_, 0}});
+                        {{etcd::Operation::Kind::kPut, key("leader", run), url_, {}, lease_, 0}},
+                        {{etcd::Operation::Kind::kRange, key("leader", run), {}, {}, 0, 0}});
   if (!r) return tl::unexpected(r.error());
-  if (!r->succeeded) return std::optional<int64_t>();
+  if (!r->succeeded) {
+    // Sent again after a timeout, it may find its own first try applied (the key under this
+    // lease, which no other coordinator holds): won, its term that key's create revision.
+    // Taken for lost, the key would stay, led by no one, until this lease ends.
+    if (r->ranges.size() == 1 && r->ranges[0].kvs.size() == 1 &&
+        r->ranges[0].kvs[0].lease == lease_ && r->ranges[0].kvs[0].value == url_) {
+      return std::optional<int64_t>(r->ranges[0].kvs[0].create_revision);
+    }
+    return std::optional<int64_t>();
+  }
   return std::optional<int64_t>(r->revision);
 }
 

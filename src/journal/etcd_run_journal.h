@@ -128,8 +128,9 @@ class EtcdRunElection {
   // How many runs this coordinator may lead of `seen`: ceil(runs / members) (at least 1).
   static size_t share(const RunsObservation& seen);
   // Tries once to lead `run`, which must exist (its head key): creates PREFIX/leader/RUN under
-  // the lease unless someone leads it. Returns the term when won; nothing when another leads it
-  // (or the run does not exist).
+  // the lease unless someone leads it. Returns the term when won (also when it finds its key
+  // under this lease already: a try whose answer was lost); nothing when another leads it (or
+  // the run does not exist).
   Result<std::optional<int64_t>> campaign(const std::string& run);
   // Reads all of `run` (config, snapshot, records since it, head), for a takeover.
   // REQUIRES: this coordinator leads it (nothing else writes it meanwhile).

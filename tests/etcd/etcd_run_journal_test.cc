@@ -441,6 +441,28 @@ TEST(EtcdRunLeadership, AParkedAcquireOfARunNoLongerLedIsAnsweredNotLeaderAndHan
   EXPECT_TRUE(a.lost.empty());
 }
 
+// A campaign whose answer was lost (applied, then sent again after a timeout) finds its own
+// key: it has won, under that key's term, rather than leaving a key that no leadership serves
+// until the lease ends. Another coordinator's campaign still loses.
+TEST(EtcdRunLeadership, ACampaignThatFindsItsOwnKeyHasWon) {
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.started());
+  const auto options = options_of(cluster);
+  ManualClock wall(1'000'000);
+  Coord a(wall, options, "http://a", 60), b(wall, options, "http://b", 60);
+  ASSERT_EQ(a.post("/v1/runs", config_json("x", 2)).status, 201);
+  const int64_t created = a.leadership().view("x").term;
+  a.election().resign("x", created);
+  auto first = b.election().campaign("x");
+  ASSERT_TRUE(first && *first) << (first ? "lost" : first.error().message);
+  auto again = b.election().campaign("x");  // (as a retry of the first whose answer was lost)
+  ASSERT_TRUE(again && *again) << (again ? "lost" : again.error().message);
+  EXPECT_EQ(**again, **first);
+  auto other = a.election().campaign("x");
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(*other);
+}
+
 // (From review.) A run created here whose create never reached etcd (etcd down) steps down; the
 // next read of etcd forgets it (it is in no etcd), while the engine still holds it. Its requests
 // are answered 421, never from that copy (a worker registered and handed a job no journal
