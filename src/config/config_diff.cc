@@ -102,9 +102,9 @@ constexpr std::array kFields = {
 
 // RunConfig: 26 fields listed, plus `name` (never compared) and `early_stop` (listed by its
 // parts: its `kind` as early_stop.rule, and every member of `window` and `patience`), and
-// `warm_up_replan` (not a config key: the format the config was stored in decides it, and a
-// config applied anew takes the new one's, journalled with a snapshot).
-static_assert(member_count<RunConfig>() == 30,
+// `warm_up_replan` and `declared_shape_fit` (not config keys: the format the config was stored
+// in decides them, and a config applied anew takes the new one's, journalled with a snapshot).
+static_assert(member_count<RunConfig>() == 31,
               "RunConfig gained or lost a field: list it in kFields (and update this count)");
 static_assert(member_count<EarlyStopConfig>() == 3,
               "EarlyStopConfig gained or lost a field: list it in kFields");

@@ -140,6 +140,29 @@ TEST(StoredConfig, AConfigStoredBeforeTheWarmUpRePlanNeverRePlans) {
   EXPECT_TRUE(parse_stored_run_config(kStoredToml, toml, "s")->warm_up_replan);
   EXPECT_TRUE(parse_stored_run_config(kStoredJson, json, "s")->warm_up_replan);
   EXPECT_TRUE(parse_run_config(toml, "s")->warm_up_replan);  // a new run, or a changed config
+  EXPECT_TRUE(parse_stored_run_config("toml/3", toml, "s")->warm_up_replan);
+  EXPECT_TRUE(parse_stored_run_config("json/3", json, "s")->warm_up_replan);
+}
+
+// A run stored before the cost model's fit kept the declared shape ("toml/3", "json/3", and
+// older) keeps the fit it was answered under: the fit decides the plans of the epochs laid out
+// after it, so a replay under the new fit would plan other batches than the ranks were handed.
+TEST(StoredConfig, AConfigStoredBeforeTheDeclaredShapeFitKeepsTheOldFit) {
+  const std::string toml =
+      "name = \"r\"\n[data]\ntrain_samples = 8\nbatch_size = 2\n[schedule]\nvalidation_every = 0\n";
+  const std::string json = R"({"name": "r", "data": {"train_samples": 8, "batch_size": 2}, )"
+                           R"("schedule": {"validation_every": 0}})";
+  for (const char* old : {"toml/3", "toml/2", "toml"}) {
+    EXPECT_FALSE(parse_stored_run_config(old, toml, "s")->declared_shape_fit) << old;
+  }
+  for (const char* old : {"json/3", "json/2", "json"}) {
+    EXPECT_FALSE(parse_stored_run_config(old, json, "s")->declared_shape_fit) << old;
+  }
+  EXPECT_TRUE(parse_stored_run_config(kStoredToml, toml, "s")->declared_shape_fit);
+  EXPECT_TRUE(parse_stored_run_config(kStoredJson, json, "s")->declared_shape_fit);
+  EXPECT_TRUE(parse_run_config(toml, "s")->declared_shape_fit);
+  EXPECT_EQ(kStoredToml, "toml/4");
+  EXPECT_EQ(kStoredJson, "json/4");
 }
 
 TEST(ConfigDiff, EqualConfigsDifferInNothingNotEvenTheirName) {

@@ -439,8 +439,10 @@ Result<RunConfig> load_run_config(const std::string& path) {
 
 Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_view text,
                                           std::string_view source) {
-  const bool json = format == kStoredJson || format == "json/2" || format == "json";
-  if (!json && format != kStoredToml && format != "toml/2" && format != "toml") {
+  const bool json =
+      format == kStoredJson || format == "json/3" || format == "json/2" || format == "json";
+  if (!json && format != kStoredToml && format != "toml/3" && format != "toml/2" &&
+      format != "toml") {
     return invalid_argument("config_format", std::string(source) + ": a config stored as \"" +
                                                  std::string(format.substr(0, 32)) +
                                                  "\", which this build does not read");
@@ -450,8 +452,13 @@ Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_v
   if (config && (format == "toml" || format == "json") && config->mode == ScheduleMode::kAuto) {
     config->mode = ScheduleMode::kJobs;
   }
-  // Stored before the warm-up re-plan: the run keeps the rule it was answered under.
-  if (config && format != kStoredToml && format != kStoredJson) config->warm_up_replan = false;
+  // Stored before a rule of cost-balanced step mode: the run keeps the rules it was answered
+  // under (the warm-up re-plan since "/3", the declared shape's fit since "/4").
+  const bool current = format == kStoredToml || format == kStoredJson;
+  if (config && !current) config->declared_shape_fit = false;
+  if (config && !current && format != "toml/3" && format != "json/3") {
+    config->warm_up_replan = false;
+  }
   return config;
 }
 

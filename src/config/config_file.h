@@ -36,13 +36,15 @@ std::string durable_config_text(std::string_view toml, const RunConfig& config);
 Result<RunConfig> load_run_config(const std::string& path);
 
 // The formats of the config text a journal keeps with a run (SavedRun::config_format). A run's
-// config is stored as "toml/3" or "json/3" since the warm-up re-plan of cost-balanced step
-// mode; "toml/2" and "json/2" were stored before it (such a run never re-plans: its journal
-// replays as it was answered; RunConfig::warm_up_replan), and "toml" and "json" before
-// schedule.mode "auto" became the default, in which a config without schedule.mode meant
-// "jobs" (and still does: a run saved then keeps its mode across the upgrade).
-inline constexpr std::string_view kStoredToml = "toml/3";
-inline constexpr std::string_view kStoredJson = "json/3";
+// config is stored as "toml/4" or "json/4" since the cost model's fit keeps the declared shape
+// (RunConfig::declared_shape_fit); "toml/3" and "json/3" were stored before it, since the
+// warm-up re-plan of cost-balanced step mode; "toml/2" and "json/2" before that (such a run
+// never re-plans: its journal replays as it was answered; RunConfig::warm_up_replan), and
+// "toml" and "json" before schedule.mode "auto" became the default, in which a config without
+// schedule.mode meant "jobs" (and still does: a run saved then keeps its mode across the
+// upgrade).
+inline constexpr std::string_view kStoredToml = "toml/4";
+inline constexpr std::string_view kStoredJson = "json/4";
 // Parses a stored config of any of those formats (another is an error naming it).
 Result<RunConfig> parse_stored_run_config(std::string_view format, std::string_view text,
                                           std::string_view source);

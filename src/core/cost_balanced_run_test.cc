@@ -54,6 +54,7 @@ class CostBalancedRun : public ::testing::Test {
     ASSERT_TRUE(job.step_mode);
     Completion c{1.0, job.samples.size(), {}};
     c.seconds = true_seconds(run.config(), job, slow_);
+    if (pause_every_ > 0 && ++completions_ % pause_every_ == 0) c.seconds *= 3;  // a pause
     auto done = run.complete(w, job.lease, c);
     ASSERT_TRUE(done) << done.error().message;
     if (done->counted()) {
@@ -100,6 +101,8 @@ class CostBalancedRun : public ::testing::Test {
   }
   ManualClock clock_;
   uint32_t slow_ = 1;
+  uint64_t pause_every_ = 0;  // every so many completions' time ×3 (0: none)
+  uint64_t completions_ = 0;
   std::map<Key, std::map<uint64_t, uint64_t>> trained_;
   std::map<Key, std::map<uint32_t, uint64_t>> steps_;
 };
@@ -532,6 +535,42 @@ TEST_F(CostBalancedRun, ARunStoredBeforeTheWarmUpRePlanKeepsItsDeclaredPlan) {
   ASSERT_EQ(plan.steps.size(), declared.steps.size());
   for (size_t k = 0; k < plan.steps.size(); ++k) EXPECT_EQ(plan.steps[k], declared.steps[k]);
   for (const Event& ev : run.events()) EXPECT_NE(ev.kind, EventKind::kEpochReplanned);
+}
+
+// The cost model's fit follows the run's rules (RunConfig::declared_shape_fit, decided by the
+// format its config was stored in): a run stored before it fits as that build did, and a
+// snapshot restores the model under the rules of the config it is loaded with, the same fit bit
+// for bit. With paused reports the two rules give different models: the plumbing is live.
+TEST_F(CostBalancedRun, TheCostModelFitsUnderTheRunsStoredRules) {
+  RunConfig config = one_epoch_config();
+  config.epochs = 2;
+  config.train_samples = config.train_batches = 600;
+  config.train_lengths = lengths_of(600, 1);
+  config.batch_budget = 400;
+  config.cost = BatchCost{4, 1, 0.04};  // the true shape (true_seconds ×2000)
+  pause_every_ = 7;
+  std::vector<BatchCost> fits;
+  for (const bool rule : {true, false}) {
+    config.declared_shape_fit = rule;
+    trained_.clear();
+    completions_ = 0;
+    traincoord::Run run(config, clock_);
+    train_in_lockstep(run, group(run, "g", 2));
+    ASSERT_EQ(run.state(), RunState::kCompleted);
+    expect_each_sample_once(config);
+    ASSERT_NE(run.cost_model(), nullptr);
+    const BatchCost fit = run.cost_model()->shared();
+    auto loaded = RunCodec::load(config, RunCodec::save(run), clock_);
+    ASSERT_TRUE(loaded);
+    ASSERT_NE((*loaded)->cost_model(), nullptr);
+    const BatchCost again = (*loaded)->cost_model()->shared();
+    EXPECT_EQ(again.a, fit.a);
+    EXPECT_EQ(again.b, fit.b);
+    EXPECT_EQ(again.c, fit.c);
+    EXPECT_EQ((*loaded)->cost_model()->speeds(), run.cost_model()->speeds());
+    fits.push_back(fit);
+  }
+  EXPECT_NE(fits[0].describe(), fits[1].describe());
 }
 
 // A rank ahead of the others (prefetch) has begun steps whose other batches wait, queued, for

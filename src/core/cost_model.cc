@@ -113,8 +113,10 @@ bool CostModel::report(uint32_t rank, const BatchShape& shape, double seconds) {
   if (fitted()) {
     const bool refresh = reports_ < 64 ? std::has_single_bit(reports_) : reports_ % 64 == 0;
     if (refresh) solve(&reference_theta_, &reference_speed_);
+    const bool unproven = options_.judge_first_reports_at_speed_1 &&
+                          ranks_[rank].count < options_.min_reports_per_rank;
     const double predicted =
-        reference_speed_[rank] *
+        (unproven ? 1.0 : reference_speed_[rank]) *
         (reference_theta_[0] * x[0] + reference_theta_[1] * x[1] + reference_theta_[2] * x[2]);
     if (predicted > 0) {
       w = 1.0 / (predicted * predicted);
@@ -161,6 +163,24 @@ void CostModel::solve(Vec* theta_out, std::vector<double>* speed_out) const {
   }
   for (double& d : scale) d = d > 0 ? std::sqrt(d) : 1.0;
 
+  // The prior: a penalty on θ's part off the declared shape's line, μ·|θ − (θ·d)d|² in scaled
+  // coordinates (d the unit vector of the declared shape there), so its scale is left to the
+  // reports. Each report adds about 1/reports to each scaled diagonal entry (it is 1 in all), so
+  // μ = prior_reports / reports weighs the shape as that many reports.
+  Mat prior{};
+  {
+    const BatchCost& p = options_.prior;
+    const Vec d0 = {p.a * scale[0], p.b * scale[1], p.c * scale[2]};
+    const double norm = std::sqrt(d0[0] * d0[0] + d0[1] * d0[1] + d0[2] * d0[2]);
+    if (norm > 0 && std::isfinite(norm) && p.a >= 0 && p.b >= 0 && p.c >= 0) {
+      const double mu = options_.prior_reports / static_cast<double>(reports_);
+      for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j)
+          prior[i][j] = mu * ((i == j ? 1.0 : 0.0) - d0[i] * d0[j] / (norm * norm));
+      }
+    }
+  }
+
   std::vector<double> s(ranks_.size(), 1.0);
   for (int iteration = 0; iteration < kMaxIterations; ++iteration) {
     // θ given the speeds: (Σ s²·XX + ridge) θ = Σ s·XY, in scaled coordinates.
@@ -174,7 +194,10 @@ void CostModel::solve(Vec* theta_out, std::vector<double>* speed_out) const {
         g[i] += s[r] * ranks_[r].xy[i] / scale[i];
       }
     }
-    for (int i = 0; i < 3; ++i) a[i][i] += kRidge;
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) a[i][j] += prior[i][j];
+      a[i][i] += kRidge;
+    }
     const Vec t = nonnegative_solution(a, g);
     Vec theta{};
     for (int i = 0; i < 3; ++i) theta[i] = t[i] / scale[i];

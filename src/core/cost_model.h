@@ -45,6 +45,25 @@ struct CostModelOptions {
   // this relative error is weighted down by huber / |error| (a garbage-collection pause, a
   // checkpoint written inside a step), so one outlier cannot drag the model.
   double huber = 0.25;
+  // The declared cost, whose shape (a : b : c; the scale is the reports') the fit keeps in what
+  // the reports cannot tell apart. Batches planned under one budget all take about the same
+  // time, and from those alone "a per-batch constant" fits as well as the true shape: a real
+  // 8-rank group's fit after its first 32 reports put 8.5–33 ms into a for a true 0.05 ms
+  // (docs/PERFORMANCE.md). The shape weighs as much as `prior_reports` reports, so the reports
+  // outweigh it wherever their shapes differ enough to say more. A tenth of a report, from the
+  // mean error of the next 60 steps' batches after 4 steps of 8 ranks (3% noise; 20 seeds):
+  // declared shape true 1.6% (no prior 12.9%, a weight of 4 reports 1.3%); declared linear
+  // where the truth is quadratic 1.5% (no prior 9.1%; 4 reports 6.8%); declared quadratic
+  // alone 2.6% (no prior 2.1%; 4 reports 23.5%). All zero: no prior (only a tiny ridge toward
+  // 0 picks among equal fits).
+  BatchCost prior{0, 0, 0};
+  double prior_reports = 0.1;
+  // Outliers among a rank's first min_reports_per_rank reports are judged at speed 1: before,
+  // a rank's few reports were judged against its own speed fitted from them alone, so a pause
+  // among them could not be told from a slow rank (one ×3 pause among a rank's first 4 reports
+  // made it 1.8× slow, and a warm-up re-plan gave it smaller batches for the rest of the epoch).
+  // A rank slow throughout loses nothing: its reports are weighed alike, which leaves its speed.
+  bool judge_first_reports_at_speed_1 = false;
 };
 
 // A cost model per rank: rank r's batch of shape x takes time ≈ speed(r) · shared().padded(x).

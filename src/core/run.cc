@@ -610,6 +610,15 @@ void Run::freeze_cost(Epoch& e) const {
   }
 }
 
+CostModelOptions Run::cost_model_options() const {
+  CostModelOptions o;
+  if (config_.declared_shape_fit) {
+    o.prior = config_.cost;
+    o.judge_first_reports_at_speed_1 = true;
+  }
+  return o;
+}
+
 bool Run::warm_up_due(const Epoch& e) const {
   return config_.cost_balanced() && config_.warm_up_replan && e.steps() && !e.closed() &&
          e.plan_speeds.empty() && e.cursor < e.plan.end_job && cost_model_ &&
@@ -668,7 +677,9 @@ void Run::report_batch_time(const Epoch& e, uint64_t position, double seconds) {
   const uint64_t slot = position - e.step_base;
   const uint32_t rank = static_cast<uint32_t>(slot % e.ranks);
   const RankBatch& batch = cost_plan(e).steps[slot / e.ranks].batches[rank];
-  if (!cost_model_ || cost_model_->ranks() != e.ranks) cost_model_.emplace(e.ranks);
+  if (!cost_model_ || cost_model_->ranks() != e.ranks) {
+    cost_model_.emplace(e.ranks, cost_model_options());
+  }
   (void)cost_model_->report(rank, batch.shape(), seconds);
 }
 

@@ -400,6 +400,8 @@ class Run {
   // a fit no budget bounds): then the declared cost and every rank alike.
   bool fitted_cost(const Epoch& e, BatchCost* cost, std::vector<double>* speeds) const;
   StepPlanConfig step_config(const Epoch& e) const;
+  // The cost model's options under this run's rules (RunConfig::declared_shape_fit).
+  CostModelOptions cost_model_options() const;
   // `plan` with its steps from `kept` on planned anew under `c` (plan_rest_of_epoch of their
   // samples). REQUIRES: kept < plan.steps.size().
   StepPlan replanned(const Epoch& e, StepPlan plan, uint64_t kept, const StepPlanConfig& c) const;

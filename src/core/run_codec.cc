@@ -1003,7 +1003,8 @@ Result<std::unique_ptr<Run>> RunCodec::load(RunConfig config, std::string_view b
     const uint64_t ranks = r.u64();
     if (ranks > (1u << 20)) return corrupt("a cost model of more than 2^20 ranks");
     if (ranks > 0 && r.ok()) {
-      CostModel& model = run->cost_model_.emplace(static_cast<uint32_t>(ranks));
+      CostModel& model =
+          run->cost_model_.emplace(static_cast<uint32_t>(ranks), run->cost_model_options());
       for (CostModel::RankSums& rs : model.ranks_) {
         for (auto& row : rs.xx) {
           for (double& v : row) v = r.f64();

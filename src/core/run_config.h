@@ -126,6 +126,12 @@ struct RunConfig {
   // parse_stored_run_config): its journal replays as the build that wrote it answered. Not a
   // config key; a config stored since ("toml/3", "json/3") has it, a change of config too.
   bool warm_up_replan = true;
+  // Cost-balanced step mode: the cost model's fit keeps the declared cost's shape where the
+  // reports cannot tell it apart, and judges a rank's first reports at speed 1
+  // (CostModelOptions::prior, ::judge_first_reports_at_speed_1). False for a run whose config
+  // was stored before that rule (formats "toml/3", "json/3" and older): its journal replays as
+  // the build that wrote it answered. Not a config key, as warm_up_replan.
+  bool declared_shape_fit = true;
   // A batch budget makes an auto run a step-mode run (cost-balanced batches are planned in steps).
   bool cost_balanced() const { return mode != ScheduleMode::kJobs && batch_budget > 0; }
 

@@ -99,7 +99,10 @@ StepModeRun run_step_mode(std::span<const double> lengths, const StepSimulationO
                           std::span<const double> slowdowns) {
   StepModeRun run;
   const uint64_t n = lengths.size();
-  CostModel model(o.ranks);
+  CostModelOptions fit;  // a served run's rules (Run::cost_model_options): the declared shape
+  fit.prior = o.cost;
+  fit.judge_first_reports_at_speed_1 = true;
+  CostModel model(o.ranks, fit);
   Stream noise(o.seed ^ 0x6e6f697365ULL);  // "noise"
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
     StepPlanConfig config = planner_config(o);
