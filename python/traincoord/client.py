@@ -58,6 +58,9 @@ HEARTBEAT_INTERVAL_MAX_S = 60.0
 # The longest a JobFeed holds a queued completion before sending it without a full group:
 # what the coordinator hears of a rank (losses, batch times, progress) lags by at most this.
 REPORT_DELAY_MAX_S = 1.0
+# Jobs a JobFeed holds ahead while the coordinator says their epoch is warming up (its
+# `warming_up`: docs/API.md): the one being trained and one more.
+WARMING_UP_DEPTH = 2
 
 
 class CoordinatorError(Exception):
@@ -929,13 +932,16 @@ class Run:
 
     def feed(self, depth: int = 2, prepare: "Callable[[Job], None] | None" = None,
              before_close: "Callable[[], None] | None" = None,
-             per_request: int | None = None) -> "JobFeed":
+             per_request: int | None = None, warm_start: bool = False) -> "JobFeed":
         """A background thread that keeps `depth` jobs fetched ahead of the caller and sends
         completions without blocking it (docs/PYTHON.md, "Prefetch"). `prepare(job)` runs on
         that thread for each job as it arrives (e.g. to compute its samples); `before_close()`
         runs first thing in its close(). per_request: jobs fetched, and completions sent, per
-        round trip (1 to depth; default depth / 2)."""
-        feed = JobFeed(self, depth, prepare, before_close, per_request)
+        round trip (1 to depth; default depth / 2). While the coordinator says the jobs' epoch
+        is warming up (docs/API.md, `warming_up`), it holds at most WARMING_UP_DEPTH jobs and
+        sends each completion at once; warm_start: so from the first fetch, until a reply says
+        otherwise (a cost-balanced run, whose first epoch warms up)."""
+        feed = JobFeed(self, depth, prepare, before_close, per_request, warm_start)
         self._feeds.append(feed)
         return feed
 
@@ -1291,7 +1297,7 @@ class JobFeed:
 
     def __init__(self, run: Run, depth: int = 2, prepare: Callable[[Job], None] | None = None,
                  before_close: Callable[[], None] | None = None,
-                 per_request: int | None = None) -> None:
+                 per_request: int | None = None, warm_start: bool = False) -> None:
         if not 1 <= depth <= 64:
             raise CoordinatorError(f"depth must be 1 to 64, got {depth}", field="depth")
         if per_request is not None and not 1 <= per_request <= depth:
@@ -1301,6 +1307,13 @@ class JobFeed:
         # Jobs fetched, and completions sent, per round trip: the group is asked for while the
         # rest is still ahead of the consumer.
         self._group = per_request if per_request is not None else max(1, depth // 2)
+        # While the coordinator says the epoch is warming up (cost-balanced step mode: its plan
+        # waits for every rank's first reports, and each step held ahead is kept as planned
+        # blind), each completion goes at once and at most WARMING_UP_DEPTH jobs are held.
+        self._shape = (self._depth, self._group)
+        self._warming = warm_start
+        if warm_start:
+            self._depth, self._group = min(depth, WARMING_UP_DEPTH), 1
         self._before_close = before_close
         self._conn = run._channel()
         self._cv = threading.Condition()
@@ -1483,7 +1496,7 @@ class JobFeed:
                     need = 0
                 long_poll = self._long_poll and not done and not releases and need > 0
             try:
-                jobs, status = self._exchange(releases, done, need, long_poll)
+                jobs, status, warming = self._exchange(releases, done, need, long_poll)
                 if self._prepare is not None:
                     for job in jobs:
                         self._prepare(job)
@@ -1499,6 +1512,11 @@ class JobFeed:
                     self._releases.extend(jobs)
                 else:
                     self._ready.extend(jobs)
+                if jobs and warming != self._warming:
+                    self._warming = warming
+                    depth, group = self._shape
+                    self._depth, self._group = ((min(depth, WARMING_UP_DEPTH), 1) if warming
+                                                else (depth, group))
                 self._in_flight = 0
                 if need:
                     self._answered = max(self._answered, asked)
@@ -1508,9 +1526,10 @@ class JobFeed:
                 self._cv.notify_all()
 
     def _exchange(self, releases: list[Job], done: list[Job], need: int,
-                  long_poll: bool) -> tuple[list[Job], str]:
+                  long_poll: bool) -> tuple[list[Job], str, bool]:
         """One round: releases, then completions with the request for `need` jobs (or an
-        acquire alone). Returns the jobs handed out and the acquire's status."""
+        acquire alone). Returns the jobs handed out, the acquire's status and whether their
+        epoch is warming up."""
         run = self._run
         if releases:
             for job in releases:
@@ -1551,21 +1570,22 @@ class JobFeed:
             reply = run._post("acquire", body, extra=run.long_poll if long_poll else 0,
                               conn=self._conn)
         if reply is None:
-            return [], ""
+            return [], "", False
         opened = _field(reply, "epochs_opened", "int", optional=True)
         self.epochs_opened = max(self.epochs_opened, opened or 0)
         status = _field(reply, "status", "str")
         if status == "finished":
             self.finished = run.finished = Finished(_field(reply, "state", "str"),
                                                     _field(reply, "reason", "str"))
-            return [], "finished"
+            return [], "finished", False
         if status == "wait":
             open_epoch = _field(reply, "open", "object", optional=True)
             self.open_epoch = ((_field(open_epoch, "set", "str"), _field(open_epoch, "epoch", "int"))
                                if open_epoch else None)
             if self._epochs_known is not None:  # the next long poll waits for a newer epoch
                 self._epochs_known = opened if opened is not None else self._epochs_known
-        return run._take_group(reply), status
+        warming = _field(reply, "warming_up", "bool", optional=True) is True
+        return run._take_group(reply), status, warming
 
 
 _open_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()

@@ -331,7 +331,8 @@ class Phases:
         self.current: Phase | None = None
         depth, per_request = _feed_shape(self.steps, prefetch, status["plan"]["batches_per_job"])
         self._feed: JobFeed = run.feed(depth, self._prepare, before_close=self._end_phase,
-                                       per_request=per_request)
+                                       per_request=per_request,
+                                       warm_start=self.cost_balanced and self.steps)
 
     def _read_status(self, status: Mapping[str, Any] | None = None) -> None:
         """Takes the run's epochs as they are now (at the start, and after a restore): epochs

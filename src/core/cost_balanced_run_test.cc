@@ -72,6 +72,7 @@ class CostBalancedRun : public ::testing::Test {
         ASSERT_TRUE(a);
         if (a->status != AcquireStatus::kJob) continue;
         EXPECT_EQ(a->job.rank, r);
+        warming_[{a->job.set, a->job.epoch}][a->job.step] = run.warming_up(a->job);
         step.push_back(a->job);
       }
       ASSERT_TRUE(step.size() == w || step.empty()) << "a step without every rank";
@@ -102,6 +103,7 @@ class CostBalancedRun : public ::testing::Test {
   ManualClock clock_;
   uint32_t slow_ = 1;
   uint64_t pause_every_ = 0;  // every so many completions' time ×3 (0: none)
+  std::map<Key, std::map<uint64_t, bool>> warming_;  // Run::warming_up of each step's jobs
   uint64_t completions_ = 0;
   std::map<Key, std::map<uint64_t, uint64_t>> trained_;
   std::map<Key, std::map<uint32_t, uint64_t>> steps_;
@@ -509,6 +511,13 @@ TEST_F(CostBalancedRun, TheFirstEpochIsRePlannedOnceTheModelIsFittedAndTheSlowRa
   int replans = 0;
   for (const Event& ev : run.events()) replans += ev.kind == EventKind::kEpochReplanned;
   EXPECT_EQ(replans, 1);
+  // Until then its jobs said the epoch was warming up (the API's `warming_up`: a client sends
+  // its reports at once and holds few steps ahead), and not from then on.
+  const std::map<uint64_t, bool>& warming = warming_[{SetKind::kTrain, 0}];
+  ASSERT_EQ(warming.size(), plan.steps.size());
+  for (const auto& [step, said] : warming) {
+    EXPECT_EQ(said, step < e.replanned_after) << "step " << step;
+  }
 }
 
 // A run stored by a build before the warm-up re-plan (RunConfig::warm_up_replan false: its
@@ -535,6 +544,7 @@ TEST_F(CostBalancedRun, ARunStoredBeforeTheWarmUpRePlanKeepsItsDeclaredPlan) {
   ASSERT_EQ(plan.steps.size(), declared.steps.size());
   for (size_t k = 0; k < plan.steps.size(); ++k) EXPECT_EQ(plan.steps[k], declared.steps[k]);
   for (const Event& ev : run.events()) EXPECT_NE(ev.kind, EventKind::kEpochReplanned);
+  for (const auto& [step, said] : warming_[{SetKind::kTrain, 0}]) EXPECT_FALSE(said) << step;
 }
 
 // The cost model's fit follows the run's rules (RunConfig::declared_shape_fit, decided by the

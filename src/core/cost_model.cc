@@ -170,7 +170,11 @@ void CostModel::solve(Vec* theta_out, std::vector<double>* speed_out) const {
   Mat prior{};
   {
     const BatchCost& p = options_.prior;
-    const Vec d0 = {p.a * scale[0], p.b * scale[1], p.c * scale[2]};
+    // (divided by its largest coefficient first: a shape, whose squares must neither
+    // underflow nor overflow)
+    const double top = std::max({p.a, p.b, p.c});
+    const double k = top > 0 && std::isfinite(top) ? 1 / top : 0;
+    const Vec d0 = {p.a * k * scale[0], p.b * k * scale[1], p.c * k * scale[2]};
     const double norm = std::sqrt(d0[0] * d0[0] + d0[1] * d0[1] + d0[2] * d0[2]);
     if (norm > 0 && std::isfinite(norm) && p.a >= 0 && p.b >= 0 && p.c >= 0) {
       const double mu = options_.prior_reports / static_cast<double>(reports_);

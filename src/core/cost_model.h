@@ -58,7 +58,8 @@ struct CostModelOptions {
   // 0 picks among equal fits).
   BatchCost prior{0, 0, 0};
   double prior_reports = 0.1;
-  // Outliers among a rank's first min_reports_per_rank reports are judged at speed 1: before,
+  // Once fitted() (outliers are judged only then), a report of a rank with fewer than
+  // min_reports_per_rank reports is judged at speed 1 (with 8 ranks: their 2nd and 3rd). Before,
   // a rank's few reports were judged against its own speed fitted from them alone, so a pause
   // among them could not be told from a slow rank (one ×3 pause among a rank's first 4 reports
   // made it 1.8× slow, and a warm-up re-plan gave it smaller batches for the rest of the epoch).

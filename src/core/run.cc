@@ -610,6 +610,20 @@ void Run::freeze_cost(Epoch& e) const {
   }
 }
 
+bool Run::warming_up(const Job& job) const {
+  if (!config_.cost_balanced() || !config_.warm_up_replan || !job.step_mode ||
+      job.set != SetKind::kTrain) {
+    return false;
+  }
+  for (auto it = epochs_.rbegin(); it != epochs_.rend(); ++it) {
+    const Epoch& e = *it;
+    if (e.plan.set == job.set && e.plan.epoch == job.epoch) {
+      return e.steps() && !e.closed() && e.plan_speeds.empty() && e.cursor < e.plan.end_job;
+    }
+  }
+  return false;
+}
+
 CostModelOptions Run::cost_model_options() const {
   CostModelOptions o;
   if (config_.declared_shape_fit) {

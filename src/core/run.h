@@ -315,6 +315,12 @@ class Run {
   void batches_of(const Job& job, std::vector<uint64_t>* out) const;
 
   const std::vector<Epoch>& epochs() const { return epochs_; }
+  // Cost-balanced step mode: whether `job`'s train epoch still waits for its warm-up re-plan
+  // (laid out with the declared cost, not re-planned yet, steps left to re-plan). What it waits
+  // for is the ranks' reports: the API says so with the job (`warming_up`), and a client then
+  // sends each report at once and holds only a step or two ahead, so that fewer steps are
+  // begun, and kept, as planned blind.
+  bool warming_up(const Job& job) const;
   // Cost-balanced step mode: the cost model fitted from the batch times the ranks reported
   // (Completion::seconds), for the world size of the latest reports (a report at another world
   // size starts a new model); null before any report. The next epoch laid out is planned with

@@ -124,7 +124,8 @@ struct RunConfig {
   // once the cost model has every rank's speed (Run::warm_up). False for a run whose config was
   // stored by a build before that rule (stored formats "toml", "toml/2", "json", "json/2":
   // parse_stored_run_config): its journal replays as the build that wrote it answered. Not a
-  // config key; a config stored since ("toml/3", "json/3") has it, a change of config too.
+  // config key; a config stored since ("toml/3", "json/3", and "toml/4", "json/4") has it, a
+  // change of config too.
   bool warm_up_replan = true;
   // Cost-balanced step mode: the cost model's fit keeps the declared cost's shape where the
   // reports cannot tell it apart, and judges a rank's first reports at speed 1

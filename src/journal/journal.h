@@ -51,7 +51,7 @@ struct Record {
 
 struct SavedRun {
   std::string name;
-  std::string config_format;  // "toml/3" or "json/3" (older: config/config_file.h)
+  std::string config_format;  // "toml/4" or "json/4" (older: config/config_file.h)
   std::string config_text;
   TimeMs created_ms = 0;
   std::optional<std::string> snapshot;
