@@ -59,7 +59,7 @@ HEARTBEAT_INTERVAL_MAX_S = 60.0
 # what the coordinator hears of a rank (losses, batch times, progress) lags by at most this.
 REPORT_DELAY_MAX_S = 1.0
 # Jobs a JobFeed holds ahead while the coordinator says their epoch is warming up (its
-# `warming_up`: docs/API.md): the one being trained and one more.
+# `warming_up`: docs/API.md), beyond the one its consumer took last.
 WARMING_UP_DEPTH = 2
 
 

@@ -53,7 +53,7 @@ class CostBalancedRun : public ::testing::Test {
   void train(traincoord::Run& run, WorkerId w, const Job& job) {
     ASSERT_TRUE(job.step_mode);
     Completion c{1.0, job.samples.size(), {}};
-    c.seconds = true_seconds(run.config(), job, slow_);
+    c.seconds = no_seconds_ ? 0 : true_seconds(run.config(), job, slow_);
     if (pause_every_ > 0 && ++completions_ % pause_every_ == 0) c.seconds *= 3;  // a pause
     auto done = run.complete(w, job.lease, c);
     ASSERT_TRUE(done) << done.error().message;
@@ -72,7 +72,7 @@ class CostBalancedRun : public ::testing::Test {
         ASSERT_TRUE(a);
         if (a->status != AcquireStatus::kJob) continue;
         EXPECT_EQ(a->job.rank, r);
-        warming_[{a->job.set, a->job.epoch}][a->job.step] = run.warming_up(a->job);
+        warming_[{a->job.set, a->job.epoch}][{a->job.step, r}] = run.warming_up(a->job);
         step.push_back(a->job);
       }
       ASSERT_TRUE(step.size() == w || step.empty()) << "a step without every rank";
@@ -103,7 +103,9 @@ class CostBalancedRun : public ::testing::Test {
   ManualClock clock_;
   uint32_t slow_ = 1;
   uint64_t pause_every_ = 0;  // every so many completions' time ×3 (0: none)
-  std::map<Key, std::map<uint64_t, bool>> warming_;  // Run::warming_up of each step's jobs
+  bool no_seconds_ = false;   // complete without `seconds` (a loop that reports no times)
+  // Run::warming_up of each job, by (step, rank)
+  std::map<Key, std::map<std::pair<uint64_t, uint32_t>, bool>> warming_;
   uint64_t completions_ = 0;
   std::map<Key, std::map<uint64_t, uint64_t>> trained_;
   std::map<Key, std::map<uint32_t, uint64_t>> steps_;
@@ -513,11 +515,31 @@ TEST_F(CostBalancedRun, TheFirstEpochIsRePlannedOnceTheModelIsFittedAndTheSlowRa
   EXPECT_EQ(replans, 1);
   // Until then its jobs said the epoch was warming up (the API's `warming_up`: a client sends
   // its reports at once and holds few steps ahead), and not from then on.
-  const std::map<uint64_t, bool>& warming = warming_[{SetKind::kTrain, 0}];
-  ASSERT_EQ(warming.size(), plan.steps.size());
-  for (const auto& [step, said] : warming) {
-    EXPECT_EQ(said, step < e.replanned_after) << "step " << step;
+  const auto& warming = warming_[{SetKind::kTrain, 0}];
+  ASSERT_EQ(warming.size(), 2 * plan.steps.size());
+  for (const auto& [job, said] : warming) {
+    EXPECT_EQ(said, job.first < e.replanned_after)
+        << "step " << job.first << " rank " << job.second;
   }
+}
+
+// Ranks that report no times never let the model fit: the epoch is not said to be warming up
+// once their first completions came without any (found by review: else a client fetched one
+// step per round trip for the whole run).
+TEST_F(CostBalancedRun, RanksThatReportNoTimesAreNotToldTheEpochIsWarmingUp) {
+  RunConfig config = one_epoch_config();
+  config.train_samples = config.train_batches = 2000;
+  config.train_lengths = lengths_of(2000, 1);
+  config.batch_budget = 400;
+  no_seconds_ = true;
+  traincoord::Run run(config, clock_);
+  train_in_lockstep(run, group(run, "g", 2));
+  ASSERT_EQ(run.state(), RunState::kCompleted);
+  expect_each_sample_once(config);
+  EXPECT_EQ(run.cost_model(), nullptr);
+  const auto& warming = warming_[{SetKind::kTrain, 0}];
+  ASSERT_GT(warming.size(), 8u);
+  for (const auto& [job, said] : warming) EXPECT_EQ(said, job.first == 0) << job.first;
 }
 
 // A run stored by a build before the warm-up re-plan (RunConfig::warm_up_replan false: its
@@ -544,7 +566,7 @@ TEST_F(CostBalancedRun, ARunStoredBeforeTheWarmUpRePlanKeepsItsDeclaredPlan) {
   ASSERT_EQ(plan.steps.size(), declared.steps.size());
   for (size_t k = 0; k < plan.steps.size(); ++k) EXPECT_EQ(plan.steps[k], declared.steps[k]);
   for (const Event& ev : run.events()) EXPECT_NE(ev.kind, EventKind::kEpochReplanned);
-  for (const auto& [step, said] : warming_[{SetKind::kTrain, 0}]) EXPECT_FALSE(said) << step;
+  for (const auto& [job, said] : warming_[{SetKind::kTrain, 0}]) EXPECT_FALSE(said) << job.first;
 }
 
 // The cost model's fit follows the run's rules (RunConfig::declared_shape_fit, decided by the

@@ -617,9 +617,19 @@ bool Run::warming_up(const Job& job) const {
   }
   for (auto it = epochs_.rbegin(); it != epochs_.rend(); ++it) {
     const Epoch& e = *it;
-    if (e.plan.set == job.set && e.plan.epoch == job.epoch) {
-      return e.steps() && !e.closed() && e.plan_speeds.empty() && e.cursor < e.plan.end_job;
+    if (e.plan.set != job.set || e.plan.epoch != job.epoch) continue;
+    if (!e.steps() || e.closed() || !e.plan_speeds.empty() || e.cursor >= e.plan.end_job) {
+      return false;
     }
+    // Only while the re-plan can still come soon: a client told so fetches a step at a time.
+    const bool timed = cost_model_ && cost_model_->ranks() == e.ranks;
+    if (e.done > 0 && !timed) return false;  // its ranks report no `seconds`: no model comes
+    if (timed && cost_model_->fitted_for_every_rank()) return false;  // fitted, yet refused
+    const CostModelOptions o = cost_model_options();
+    const uint64_t needed =
+        std::max(o.min_reports_per_rank, (o.min_reports + e.ranks - 1) / e.ranks);
+    const uint64_t begun = (e.cursor - e.step_base) / e.ranks;
+    return begun < needed + kWarmingUpSteps;
   }
   return false;
 }

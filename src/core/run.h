@@ -320,7 +320,11 @@ class Run {
   // for is the ranks' reports: the API says so with the job (`warming_up`), and a client then
   // sends each report at once and holds only a step or two ahead, so that fewer steps are
   // begun, and kept, as planned blind.
+  // Bounded: false once its ranks completed jobs without reporting times, once the model has
+  // every rank's speed and the re-plan still did not come (a fit no budget bounds), and after
+  // kWarmingUpSteps steps beyond the ones the model needs.
   bool warming_up(const Job& job) const;
+  static constexpr uint64_t kWarmingUpSteps = 16;
   // Cost-balanced step mode: the cost model fitted from the batch times the ranks reported
   // (Completion::seconds), for the world size of the latest reports (a report at another world
   // size starts a new model); null before any report. The next epoch laid out is planned with

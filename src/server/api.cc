@@ -275,7 +275,11 @@ void write_acquired(JsonWriter& j, const Run& run, const Acquired& a, TimeMs now
   switch (a.status) {
     case AcquireStatus::kJob:
       j.field("status", "job");
-      if (run.warming_up(a.job)) j.field("warming_up", true);
+      if (run.warming_up(a.job) || std::any_of(a.more.begin(), a.more.end(), [&](const Job& more) {
+            return run.warming_up(more);
+          })) {
+        j.field("warming_up", true);
+      }
       if (listed) {
         j.key("jobs").begin_array();
         write_job(j, run, a.job, now);
