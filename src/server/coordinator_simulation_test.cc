@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "config/config_file.h"
+#include "core/cost_test_config.h"
 #include "core/run_codec.h"
 #include "journal/memory_journal.h"
 #include "seeds.h"
@@ -703,6 +704,183 @@ TEST(StoredConfigUpgrade, ARunStoredBeforeAutoWithoutASnapshotReplaysAsTheJobMod
       EXPECT_FALSE(restarted.restored);  // read as auto: the replies differ
     }
   }
+}
+
+// One life of a cost-balanced step-mode run: two ranks of a group train two epochs and report
+// their batch times (rank 1 twice as slow, every 7th report a pause), answered by a build whose
+// cost model fits with the declared shape or without (`declared_shape_fit`: false, as the build
+// before it; set here, not read from the format, so that the build answering does not depend
+// on the rule under test), its config stored as `stored_as`. Records, per (epoch, step, rank),
+// the samples each rank was handed.
+struct CostBalancedLife {
+  explicit CostBalancedLife(const std::string& text) : text(text) {}
+  std::string text;
+  ManualClock wall{1'000'000};
+  MemoryJournal journal{1000};  // (no snapshot: a restart replays every record)
+  Process live{wall, journal, true};
+  std::map<std::tuple<int64_t, uint64_t, uint32_t>, std::vector<uint64_t>> handed;
+};
+
+void answer_cost_balanced_run(CostBalancedLife& life, bool declared_shape_fit,
+                              std::string_view stored_as, const std::vector<double>& lengths) {
+  auto config = parse_run_config_json(life.text, "test");
+  ASSERT_TRUE(config) << config.error().message;
+  config->declared_shape_fit = declared_shape_fit;
+  ASSERT_TRUE(life.live.engine.create_run(*config));
+  life.journal.add_run("s", stored_as, life.text, life.live.clock.now());
+  std::vector<Call> calls;
+  auto post = [&](const std::string& target, const std::string& body) {
+    std::optional<HttpReply> answer;
+    calls.push_back(Call{HttpRequest{"POST", "/v1/runs/s" + target, body, {}},
+                         ReplyTo{[&answer](HttpReply r) { answer = r; }, {}}});
+    Wave wave = life.live.coordinator->step(calls);
+    EXPECT_TRUE(life.journal.write(*wave.writes));
+    for (Outgoing& o : wave.replies) o.to.respond(std::move(o.reply));
+    EXPECT_TRUE(answer && answer->status == 200)
+        << target << " " << body << ": " << (answer ? answer->body : "parked");
+    rapidjson::Document d;
+    d.Parse(answer ? answer->body.c_str() : "{}");
+    return d;
+  };
+  for (int r = 0; r < 2; ++r) {
+    post("/workers", R"({"name": "r)" + std::to_string(r) + R"(", "group": "g", "rank": )" +
+                         std::to_string(r) + R"(, "world_size": 2})");
+  }
+  uint64_t completions = 0;
+  bool finished = false;
+  for (int round = 0; round < 200 && !finished; ++round) {
+    struct Held {
+      uint64_t lease;
+      std::vector<uint64_t> samples;
+    };
+    std::vector<Held> step;
+    for (uint32_t r = 0; r < 2; ++r) {
+      const auto d = post("/acquire", R"({"worker": )" + std::to_string(r) + "}");
+      ASSERT_TRUE(d.IsObject() && d.HasMember("status"));
+      if (std::string_view(d["status"].GetString()) == "finished") {
+        finished = true;
+        break;
+      }
+      ASSERT_STREQ(d["status"].GetString(), "job");
+      const auto& job = d["job"];
+      ASSERT_EQ(job["rank"].GetUint64(), r);
+      Held h{job["lease"].GetUint64(), {}};
+      for (const auto& s : job["samples"].GetArray()) h.samples.push_back(s.GetUint64());
+      life.handed[{job["epoch"].GetInt64(), job["step"].GetUint64(), r}] = h.samples;
+      step.push_back(std::move(h));
+    }
+    ASSERT_TRUE(step.empty() || step.size() == 2) << "a step without every rank";
+    for (uint32_t r = 0; r < step.size(); ++r) {
+      // The batch's time: 0.002 + n·(0.0005·L + 0.00002·L²) s (the declared shape 4 : 1 : 0.04),
+      // rank 1 twice as long, every 7th report ×3 (a pause).
+      double longest = 0;
+      for (uint64_t s : step[r].samples) longest = std::max(longest, lengths.at(s));
+      const double n = static_cast<double>(step[r].samples.size());
+      double seconds = 0.002 + n * (0.0005 * longest + 0.00002 * longest * longest);
+      if (r == 1) seconds *= 2;
+      if (++completions % 7 == 0) seconds *= 3;
+      char text[48];
+      std::snprintf(text, sizeof text, "%.9g", seconds);
+      post("/complete", R"({"worker": )" + std::to_string(r) + R"(, "lease": )" +
+                            std::to_string(step[r].lease) + R"(, "loss": 1, "samples": )" +
+                            std::to_string(step[r].samples.size()) + R"(, "seconds": )" + text +
+                            "}");
+    }
+    life.wall.advance(50);
+  }
+  ASSERT_TRUE(finished) << "the run did not finish";
+}
+
+// The epochs, plans and cost model of two runs (as far as these tests read them): equal.
+void expect_same_cost_balanced_run(const Run& a, const Run& b) {
+  ASSERT_EQ(a.epochs().size(), b.epochs().size());
+  for (size_t i = 0; i < a.epochs().size(); ++i) {
+    SCOPED_TRACE("epoch " + std::to_string(i));
+    const Epoch &ea = a.epochs()[i], &eb = b.epochs()[i];
+    EXPECT_EQ(ea.plan_cost.describe(), eb.plan_cost.describe());
+    EXPECT_EQ(ea.plan_speeds, eb.plan_speeds);
+    EXPECT_EQ(ea.replanned_after, eb.replanned_after);
+    EXPECT_EQ(ea.samples, eb.samples);
+    EXPECT_EQ(ea.done, eb.done);
+    ASSERT_TRUE(ea.steps() && eb.steps());
+    EXPECT_EQ(a.cost_plan(ea), b.cost_plan(eb));
+  }
+  ASSERT_TRUE(a.cost_model() && b.cost_model());
+  EXPECT_EQ(a.cost_model()->reports(), b.cost_model()->reports());
+  EXPECT_EQ(a.cost_model()->shared().a, b.cost_model()->shared().a);
+  EXPECT_EQ(a.cost_model()->shared().b, b.cost_model()->shared().b);
+  EXPECT_EQ(a.cost_model()->shared().c, b.cost_model()->shared().c);
+  EXPECT_EQ(a.cost_model()->speeds(), b.cost_model()->speeds());
+}
+
+// A cost-balanced step-mode run stored before the cost model kept the declared cost's shape
+// (config format "json/3": RunConfig::declared_shape_fit false) and restarted without a
+// snapshot replays under the fit it was answered with: the same epochs, plans and cost model,
+// each step's batches the samples its ranks were handed. Read as "json/4" (the current fit),
+// the same journal would fit another model, plan the rest of the first epoch (its warm-up
+// re-plan) and the second epoch otherwise (as the same requests answered under the current fit
+// do), hand the ranks' leases other samples than they trained, and the restart stops.
+TEST(StoredConfigUpgrade, ACostBalancedRunStoredBeforeTheDeclaredShapeFitReplaysAsItWasAnswered) {
+  const std::vector<double> lengths = testing::lengths_of(240, 1);
+  std::string inline_lengths;
+  for (double l : lengths) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%s%.17g", inline_lengths.empty() ? "" : ", ", l);
+    inline_lengths += text;
+  }
+  const std::string text = R"({"name": "s", "data": {"train_samples": 240}, )"
+                           R"("schedule": {"mode": "steps", "epochs": 2, "validation_every": 0, )"
+                           R"("batch_budget": 400, "cost_a": 4, "cost_b": 1, "cost_c": 0.04}, )"
+                           R"("leases": {"timeout": 60.0}, "lengths": {"train": [)" +
+                           inline_lengths + "]}}";
+  // As the older build answered it, and stored its config.
+  CostBalancedLife old_build(text);
+  ASSERT_NO_FATAL_FAILURE(answer_cost_balanced_run(old_build, false, "json/3", lengths));
+  const traincoord::Run& answered = **old_build.live.engine.find("s");
+  ASSERT_EQ(answered.state(), RunState::kCompleted);
+  ASSERT_EQ(answered.epochs().size(), 2u);
+  EXPECT_GT(answered.epochs()[0].replanned_after, 0u);     // epoch 0 re-planned with the fit
+  ASSERT_FALSE(answered.epochs()[1].plan_speeds.empty());  // epoch 1 planned with it
+
+  Process restarted(old_build.wall, old_build.journal, false);
+  ASSERT_TRUE(restarted.restored) << restarted.restore_error;
+  EXPECT_EQ(restarted.state(), old_build.live.state());
+  const traincoord::Run& replayed = **restarted.engine.find("s");
+  EXPECT_FALSE(replayed.config().declared_shape_fit);
+  expect_same_cost_balanced_run(replayed, answered);
+  for (const auto& [key, samples] : old_build.handed) {
+    const auto& [epoch, step, rank] = key;
+    EXPECT_EQ(
+        replayed.cost_plan(replayed.epochs().at(epoch)).steps.at(step).batches.at(rank).samples,
+        samples)
+        << "epoch " << epoch << " step " << step << " rank " << rank;
+  }
+
+  // The same requests answered under the current fit: another cost model, and the first
+  // epoch's re-plan and the second epoch planned otherwise (so the fits differ on these
+  // reports, and a replay under the wrong one shows).
+  CostBalancedLife new_build(text);
+  ASSERT_NO_FATAL_FAILURE(answer_cost_balanced_run(new_build, true, kStoredJson, lengths));
+  const traincoord::Run& current = **new_build.live.engine.find("s");
+  ASSERT_EQ(current.epochs().size(), 2u);
+  EXPECT_NE(current.cost_model()->shared().describe(), answered.cost_model()->shared().describe());
+  EXPECT_NE(current.cost_plan(current.epochs()[1]), answered.cost_plan(answered.epochs()[1]));
+  EXPECT_NE(new_build.handed, old_build.handed);
+  Process new_restarted(new_build.wall, new_build.journal, false);  // (which replays as it was)
+  ASSERT_TRUE(new_restarted.restored) << new_restarted.restore_error;
+  EXPECT_TRUE((*new_restarted.engine.find("s"))->config().declared_shape_fit);
+  EXPECT_EQ(new_restarted.state(), new_build.live.state());
+
+  // The old build's journal with its config read as "json/4": the replay hands out other
+  // samples than were answered, and the restart stops there.
+  CostBalancedLife relabelled(text);
+  ASSERT_NO_FATAL_FAILURE(answer_cost_balanced_run(relabelled, false, kStoredJson, lengths));
+  EXPECT_EQ(relabelled.handed, old_build.handed);
+  Process misread(relabelled.wall, relabelled.journal, false);
+  EXPECT_FALSE(misread.restored);
+  EXPECT_NE(misread.restore_error.find("does not replay as it was: POST /v1/runs/s/acquire"),
+            std::string::npos)
+      << misread.restore_error;
 }
 
 }  // namespace
