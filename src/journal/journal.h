@@ -127,6 +127,10 @@ class Journal {
   [[nodiscard]] virtual Result<void> replace_config(const Run& run, std::string_view format,
                                                     std::string_view text, TimeMs now) = 0;
 
+  // Whether a write() takes no sync and no network (a few microseconds): the commit pipeline
+  // may then write a wave on the engine's own thread rather than hand it to its store thread.
+  virtual bool writes_are_quick() const { return false; }
+
   // -- Room (the commit pipeline's thread) --
   // Whether it is short of room: then the coordinator takes no new work (503) until it is not.
   virtual bool low_on_room() const { return false; }

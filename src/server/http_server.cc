@@ -56,6 +56,8 @@ class HttpServer::Impl {
     accept_pause_.emplace(*ios_[0]);
     for (auto& io : ios_) sweepers_.push_back(std::make_unique<Sweeper>(*io));
     inline_engine_ = n == 1;
+    commit_here_ =
+        journal_ != nullptr && options_.leadership == nullptr && journal_->writes_are_quick();
   }
 
   ~Impl() {
@@ -337,7 +339,7 @@ class HttpServer::Impl {
       // Nothing is answered before it is durable: the replies go with the wave's writes to
       // the store thread, which sends them once the writes are committed. Meanwhile the
       // engine answers the next wave (pipelined; see store_loop).
-      if (!wave.empty()) {
+      if (!wave.empty() && !commit_here(wave)) {
         {
           std::lock_guard lock(store_mu_);
           store_queue_.push_back(std::move(wave));
@@ -347,6 +349,77 @@ class HttpServer::Impl {
     } else {
       send(wave.replies);
     }
+  }
+
+  // Writes a wave on the engine's own thread and sends its replies, when the journal's writes
+  // are quick (durability "os": no sync, no network) and the store thread has nothing in hand
+  // (nothing taken before this wave is unwritten, so the order of writes holds). Handing a
+  // wave to the store thread costs two wake-ups per commit (the store thread's, then the I/O
+  // thread's for the replies): on 2 shared cores, context switches that cost more than the
+  // write itself (docs/PERFORMANCE.md, "Durable at the speed of memory"). While the store
+  // thread writes, waves still queue for it (group commit across waves). Returns false, having
+  // done nothing, when the wave must go to the store thread.
+  bool commit_here(Wave& wave) {
+    if (!commit_here_) return false;
+    {
+      std::lock_guard lock(store_mu_);
+      if (store_busy_ || !store_queue_.empty() || disk_full_.load()) return false;
+      store_busy_ = true;
+    }
+    check_room();
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = wave.writes ? journal_->write(*wave.writes) : Result<void>{};
+    if (!r && !journal_->last_write_was_full()) stop_on_failed_write(r.error().message);
+    if (r && wave.writes && !wave.writes->empty()) observe_commit(start, wave.replies.size());
+    {
+      std::lock_guard lock(store_mu_);
+      store_busy_ = false;
+      if (!r) {
+        // No room even in the reserve: nothing was written. The store thread writes it again
+        // (says so, and takes no new work) each second until there is room, and the waves
+        // after it queue behind it.
+        store_queue_.push_front(std::move(wave));
+      }
+    }
+    if (!r) {
+      store_cv_.notify_one();
+    } else {
+      send(wave.replies);
+    }
+    return true;
+  }
+
+  // The free space, at most ten times a second (a statvfs costs ~1 us): below the reserve, the
+  // engine takes no new work until there is room again (see process()). By the holder of
+  // store_busy_ only.
+  void check_room() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - room_checked_ < std::chrono::milliseconds(100) && !disk_full_.load()) return;
+    room_checked_ = now;
+    const bool low = journal_->low_on_room();
+    if (low && !disk_full_.load()) say_file_size_limit();
+    disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
+  }
+
+  // A failed commit (an fsync error above all) cannot be retried safely: stop, and let the
+  // restart recover from what is on disk.
+  [[noreturn]] void stop_on_failed_write(const std::string& why) {
+    std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
+                 journal_->describe().c_str(), why.c_str());
+    std::abort();
+  }
+
+  void observe_commit(std::chrono::steady_clock::time_point start, size_t requests) {
+    std::lock_guard lock(metrics_mu_);
+    commit_latency_.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    commit_batch_.observe(static_cast<double>(requests));
+  }
+
+  // The store thread has written what it took: the engine may write the next wave itself.
+  void done_writing() {
+    std::lock_guard lock(store_mu_);
+    store_busy_ = false;
   }
 
   // Sends replies (from the engine thread, or the store thread once they are durable).
@@ -369,7 +442,6 @@ class HttpServer::Impl {
   // durability "os", 19-21k -> 28k with "fsync" (docs/PERFORMANCE.md).
   void store_loop() {
     std::deque<Wave> work;
-    auto checked = std::chrono::steady_clock::now();
     while (true) {
       {
         std::unique_lock lock(store_mu_);
@@ -382,16 +454,9 @@ class HttpServer::Impl {
         }
         if (store_queue_.empty() && store_stopping_) return;  // everything handed over is written
         work.swap(store_queue_);
+        store_busy_ = true;
       }
-      // The free space, at most ten times a second (a statvfs costs ~1 us): below the reserve,
-      // the engine takes no new work until there is room again (see process()).
-      const auto now = std::chrono::steady_clock::now();
-      if (now - checked >= std::chrono::milliseconds(100) || disk_full_.load()) {
-        checked = now;
-        const bool low = journal_->low_on_room();
-        if (low && !disk_full_.load()) say_file_size_limit();
-        disk_full_.store(low);  // (the engine sees it within a tick, 50 ms)
-      }
+      check_room();
       // All waiting waves in one write: the first wave's batch takes the others'.
       std::unique_ptr<JournalBatch> all;
       size_t requests = 0;
@@ -411,12 +476,7 @@ class HttpServer::Impl {
         // alone: its replies are dropped, never sent, and the other runs' go out. A reply goes
         // out only while the leadership it was produced under lasts.
         if (all) (void)journal_->write(*all);
-        if (all && !all->empty()) {
-          std::lock_guard lock(metrics_mu_);
-          commit_latency_.observe(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-          commit_batch_.observe(static_cast<double>(requests));
-        }
+        if (all && !all->empty()) observe_commit(start, requests);
         for (auto& [run, term] : journal_->take_won_runs()) leadership->set_term(run, term);
         for (const Journal::LostRun& lost : journal_->take_lost_runs()) {
           if (leadership->step_down(lost.run, lost.why, lost.term)) {
@@ -449,18 +509,13 @@ class HttpServer::Impl {
           send(sendable);
         }
         work.clear();
+        done_writing();
         continue;
       }
       while (!options_.leadership) {
         auto r = all ? journal_->write(*all) : Result<void>{};
         if (r) break;
-        if (!journal_->last_write_was_full()) {
-          // A failed commit (an fsync error above all) cannot be retried safely: stop, and let
-          // the restart recover from what is on disk.
-          std::fprintf(stderr, "traincoord: cannot write %s: %s; stopping\n",
-                       journal_->describe().c_str(), r.error().message.c_str());
-          std::abort();
-        }
+        if (!journal_->last_write_was_full()) stop_on_failed_write(r.error().message);
         // No space even in the reserve (something else filled the disk): nothing of the batch
         // was written, and its replies wait. Take no new work, and write it again each second
         // until there is room (or the server stops: then they were never answered).
@@ -475,12 +530,7 @@ class HttpServer::Impl {
           return;
         }
       }
-      if (all && !all->empty()) {
-        std::lock_guard lock(metrics_mu_);
-        commit_latency_.observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        commit_batch_.observe(static_cast<double>(requests));
-      }
+      if (all && !all->empty()) observe_commit(start, requests);
       if (inline_engine_) {
         // One hand-off to the I/O thread per commit, not one per reply: each reply's post from
         // this thread took the I/O context's lock (and competed with the I/O thread for it);
@@ -501,6 +551,7 @@ class HttpServer::Impl {
         for (Wave& w : work) send(w.replies);
       }
       work.clear();
+      done_writing();
     }
   }
 
@@ -560,6 +611,13 @@ class HttpServer::Impl {
   std::atomic<bool> disk_full_{false};
   std::deque<Wave> store_queue_;
   bool store_stopping_ = false;
+  // Whether a thread is writing (the store thread, or the engine in commit_here): the engine
+  // writes a wave itself only when nothing is in hand or queued. Guarded by store_mu_.
+  bool store_busy_ = false;
+  // Whether the engine may write a wave itself (see commit_here): set once, at construction.
+  bool commit_here_ = false;
+  // When the free space was last looked at: by the thread that holds store_busy_.
+  std::chrono::steady_clock::time_point room_checked_{};
   std::thread store_thread_;
 
   std::mutex stop_mu_;

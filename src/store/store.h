@@ -133,6 +133,7 @@ class Store final : public Journal {
   // Free bytes on the data dir's disk (no more than the journal's files may still grow under
   // the process's file size limit, RLIMIT_FSIZE), and whether that is below min_free_bytes.
   uint64_t free_bytes() const;
+  bool writes_are_quick() const override { return options_.durability == Durability::kOs; }
   bool low_on_room() const override { return free_bytes() < options_.min_free_bytes; }
   uint64_t reserve_bytes() const override { return options_.min_free_bytes; }
   // Whether the last write() failed for want of space (SQLITE_FULL): nothing of it was

@@ -4,6 +4,7 @@
 // standard error into a file the test reads.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -112,6 +113,91 @@ TEST(LimitsE2E, AJournalNearTheFileSizeLimitIsAFullDiskNotADeath) {
   EXPECT_NE(said.find("RLIMIT_FSIZE"), std::string::npos) << said;
   // Without --max-connections, the default fits the descriptor limit quietly.
   EXPECT_EQ(said.find("exceeds what the file descriptor limit"), std::string::npos) << said;
+}
+
+// With no reserve (--min-free-disk 0), a commit reaches the file size limit itself: its write
+// fails (EFBIG, taken as a full disk) and nothing of it is kept. With durability "os" the
+// engine writes a wave on its own thread (HttpServer's commit_here); a failed write goes to the
+// store thread, which says so and writes it again each second while the server takes no new
+// work. Its replies wait; once the limit is raised they go out, and every registration answered
+// is registered, none twice.
+TEST(LimitsE2E, ACommitThatReachesTheLimitIsHeldAndAnsweredOnceThereIsRoom) {
+  TempDir dir;
+  const std::string log = dir.path() + "/stderr";
+  auto server =
+      ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir",
+                            dir.path() + "/data", "--durability", "os", "--min-free-disk", "0"},
+                           0, TRAINCOORD_BIN, limited("--fsize=3000000:unlimited", log));
+  ASSERT_NE(server, nullptr) << read_file(log);
+  const uint16_t port = server->port();
+  const pid_t pid = server->pid();
+
+  // Raises the limit (the soft one: the hard one is unlimited) once the server says its write
+  // found no room, after holding it 1.5 s.
+  std::atomic<bool> stop{false}, raised{false};
+  std::thread raiser([&] {
+    for (int i = 0; i < 600 && !stop; ++i) {
+      if (read_file(log).find("retrying each second") != std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        raised = run_command("prlimit --pid " + std::to_string(pid) + " --fsize=unlimited") == "";
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  struct Stop {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Stop() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joined{stop, raiser};
+
+  // Registrations (about 13 KB of the write-ahead log each) until the limit is met and passed.
+  const std::string name(100, 'n');
+  int answered = 0, refused = 0;
+  for (int i = 0; i < 3000 && !raised; ++i) {
+    std::string reply;
+    const int code = request(port, "POST", "/v1/runs/d/workers",
+                             R"({"name": ")" + name + std::to_string(i) + R"("})", &reply, 30'000);
+    ASSERT_NE(code, 0) << "no reply to registration " << i << "; it said: " << read_file(log);
+    if (code == 503) {
+      EXPECT_NE(reply.find("\"disk_full\""), std::string::npos) << reply;
+      ++refused;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    ASSERT_EQ(code, 200) << reply;
+    ++answered;
+  }
+  stop = true;
+  raiser.join();
+  ASSERT_TRUE(raised) << "the write never found the limit; it said: " << read_file(log);
+  EXPECT_NE(read_file(log).find("RLIMIT_FSIZE"), std::string::npos) << read_file(log);
+  // Room again: new work is taken (the store thread has written the held wave).
+  int code = 0;
+  for (int i = 0; i < 100 && code != 200; ++i) {
+    code = request(port, "POST", "/v1/runs/d/workers", R"({"name": "after"})");
+    if (code != 200) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(code, 200);
+
+  // After a restart, every registration answered is there, once: none was answered unwritten.
+  server->kill(SIGKILL);
+  server = ServerProcess::start({"--config", dir.path() + "/d.toml", "--data-dir",
+                                 dir.path() + "/data", "--durability", "os"},
+                                port);
+  ASSERT_NE(server, nullptr);
+  std::string status;
+  ASSERT_EQ(request(port, "GET", "/v1/runs/d", "", &status), 200);
+  size_t workers = 0;
+  for (size_t at = status.find("\"nnnn"); at != std::string::npos;
+       at = status.find("\"nnnn", at + 1)) {
+    ++workers;
+  }
+  EXPECT_EQ(workers, static_cast<size_t>(answered)) << "refused " << refused << ": " << status;
+  EXPECT_NE(status.find("\"after\""), std::string::npos);
 }
 
 // Item 5: with a low descriptor limit, idle connections use every descriptor. Accepting pauses
