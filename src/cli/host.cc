@@ -95,8 +95,10 @@ int reconcile(const ConfigFile& file, Run& run, Engine& engine, Store* store, Se
   if (!updated) return fail(where + ": " + updated.error().message);
   engine.adopt(std::move(*updated));
   if (store) {
-    if (auto r = store->replace_config(**engine.find(file.config.name), kStoredToml, file.text,
-                                       clock.now());
+    // (as add_runs stores it: with lengths read from files inline, so that no later start
+    // needs the files)
+    if (auto r = store->replace_config(**engine.find(file.config.name), kStoredToml,
+                                       durable_config_text(file.text, file.config), clock.now());
         !r) {
       return fail(r.error().message);
     }

@@ -1299,12 +1299,13 @@ Result<void> Store::snapshot_due(const Engine& engine, TimeMs now) {
 
 Result<void> Store::replace_config(const Run& run, std::string_view format, std::string_view text,
                                    TimeMs now) {
-  auto stmt = db_.prepare("UPDATE runs SET config_format = ?, config = ?, sum = ? WHERE name = ?");
-  if (!stmt) return tl::unexpected(stmt.error());
-  stmt->bind(1, format).bind(2, text);
-  stmt->bind(3, as_int(config_sum(run.config().name, format, text))).bind(4, run.config().name);
-  if (auto r = stmt->run(); !r) return r;
-  return snapshot(run, now);
+  // The config and the snapshot in one transaction (write_batch writes a batch's configs before
+  // its snapshots): a crash between two writes would leave the new config over the old
+  // snapshot and the records logged under the old config.
+  StoreBatch batch;
+  batch.configs.push_back({run.config().name, std::string(format), std::string(text), 0});
+  take_snapshot(run, now, &batch);
+  return write_batch(batch);
 }
 
 }  // namespace traincoord

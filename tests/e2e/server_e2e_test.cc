@@ -749,6 +749,57 @@ TEST_F(Durability, AChangedLeaseTimeoutIsAppliedWhenAsked) {
   EXPECT_EQ(d["counters"]["handouts"].GetUint64(), 1u);  // the run went on where it was
 }
 
+// A change applied with --apply-config-changes to a run whose lengths came from files stores
+// the config as its creation did: with the lengths inline (durable_config_text). A later start
+// needs neither the files nor the config file: the run is restored from the data dir alone,
+// with the changed value, and the lengths it was planned with.
+TEST(DurabilityConfig, AnAppliedChangeKeepsTheLengthsReadFromFiles) {
+  TempDir dir;
+  std::string train;
+  for (int i = 0; i < 20; ++i) train += std::to_string(1 + i % 7) + "\n";
+  dir.write("train.txt", train);
+  dir.write("dev.txt", "1\n2\n3\n");
+  const std::string run = R"(
+name = "lengthy"
+[data]
+train_samples = 20
+dev_samples = 3
+train_lengths = "train.txt"
+dev_lengths = "dev.txt"
+[schedule]
+mode = "steps"
+epochs = 2
+batch_budget = 12.0
+[leases]
+timeout = 10
+)";
+  const std::string data = dir.path() + "/data";
+  const std::string first = dir.write("lengthy.toml", run);
+  {
+    auto server = ServerProcess::start({"--config", first, "--data-dir", data});
+    ASSERT_NE(server, nullptr);
+  }
+  std::string changed = run;
+  changed.replace(changed.find("timeout = 10"), 12, "timeout = 20");
+  const std::string second = dir.write("changed.toml", changed);
+  {
+    auto server =
+        ServerProcess::start({"--config", second, "--data-dir", data, "--apply-config-changes"});
+    ASSERT_NE(server, nullptr);
+  }
+  std::filesystem::remove(dir.path() + "/train.txt");
+  std::filesystem::remove(dir.path() + "/dev.txt");
+  std::filesystem::remove(first);
+  std::filesystem::remove(second);
+  auto server = ServerProcess::start({"--data-dir", data});
+  ASSERT_NE(server, nullptr) << "the run's stored config needs the files it was read from";
+  auto body = client::get(server->url(), "/v1/runs/lengthy");
+  ASSERT_TRUE(body) << body.error().message;
+  auto d = parse(*body);
+  EXPECT_EQ(d["config"]["lease_timeout_ms"].GetInt64(), 20000) << *body;
+  EXPECT_NE(body->find("\"steps\""), std::string::npos) << *body;
+}
+
 // schedule.epochs raised on a run that completed (--apply-config-changes, issue 34): the run
 // goes on with the epochs added, the change survives a kill -9, and every batch of every epoch
 // is trained once.
