@@ -336,9 +336,11 @@ class HttpServer::Impl {
       std::fprintf(stderr, "traincoord: %s\n", notice.c_str());
     }
     if (journal_) {
-      // Nothing is answered before it is durable: the replies go with the wave's writes to
-      // the store thread, which sends them once the writes are committed. Meanwhile the
-      // engine answers the next wave (pipelined; see store_loop).
+      // Nothing is answered before it is durable: the engine writes the wave itself and then
+      // sends its replies (commit_here: durability "os", nothing else in hand), or the
+      // replies go with the wave's writes to the store thread, which sends them once the
+      // writes are committed; meanwhile the engine answers the next wave (pipelined; see
+      // store_loop).
       if (!wave.empty() && !commit_here(wave)) {
         {
           std::lock_guard lock(store_mu_);
@@ -446,13 +448,16 @@ class HttpServer::Impl {
       {
         std::unique_lock lock(store_mu_);
         auto ready = [this] { return !store_queue_.empty() || store_stopping_; };
-        if (disk_full_.load()) {
-          // Nothing comes while the disk is full but reads: look for room every second.
+        if (disk_full_.load() || commit_here_) {
+          // Nothing comes while the disk is full but reads: look for room every second. (When
+          // the engine writes, its own look may have found the disk full while this thread
+          // slept: it looks again each second too.)
           store_cv_.wait_for(lock, std::chrono::seconds(1), ready);
         } else {
           store_cv_.wait(lock, ready);
         }
         if (store_queue_.empty() && store_stopping_) return;  // everything handed over is written
+        if (store_queue_.empty() && !disk_full_.load()) continue;  // (a second, nothing to do)
         work.swap(store_queue_);
         store_busy_ = true;
       }
@@ -606,8 +611,9 @@ class HttpServer::Impl {
   // The store thread (durable modes): waves waiting to be written, with their replies.
   std::mutex store_mu_;
   std::condition_variable store_cv_;
-  // Set by the store thread when the disk's free space is below the reserve (or a write found
-  // it full); the engine then takes no new work (503) and its clock stands.
+  // Set by the thread that writes (check_room) when the disk's free space is below the reserve
+  // (or, by the store thread, when a write found it full); the engine then takes no new work
+  // (503) and its clock stands.
   std::atomic<bool> disk_full_{false};
   std::deque<Wave> store_queue_;
   bool store_stopping_ = false;

@@ -59,8 +59,9 @@ class Checkpointer {
 
   sqlite::Db db_;  // this thread's only
   sqlite3* writer_ = nullptr;
-  // The writer's thread only (the WAL hook): the WAL's size after its last commit, and the
-  // size at which a commit asks for the next pass.
+  // The writer's only (the WAL hook; the thread that writes, one at a time: the server's store
+  // thread or its engine): the WAL's size after its last commit, and the size at which a
+  // commit asks for the next pass.
   int last_frames_ = 0;
   int next_pass_at_ = kFrames;
   std::atomic<int> copied_{0};        // pages of the WAL the last pass left copied

@@ -49,7 +49,8 @@ struct StoreOptions {
 };
 
 // What one commit writes. Taken from the store's buffers and the engine on the coordinator's
-// thread (Store::take), written on another (Store::write): the engine goes on while it is written.
+// thread (Store::take), written there or on another (Store::write; the server's store thread,
+// while the engine goes on), one batch at a time, in the order taken.
 struct StoreBatch final : JournalBatch {
   struct NewRun {
     std::string name, format, text;

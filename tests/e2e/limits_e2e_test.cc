@@ -136,7 +136,7 @@ TEST(LimitsE2E, ACommitThatReachesTheLimitIsHeldAndAnsweredOnceThereIsRoom) {
   // found no room, after holding it 1.5 s.
   std::atomic<bool> stop{false}, raised{false};
   std::thread raiser([&] {
-    for (int i = 0; i < 600 && !stop; ++i) {
+    for (int i = 0; i < 6000 && !stop; ++i) {  // (300 s: the main loop ends it sooner)
       if (read_file(log).find("retrying each second") != std::string::npos) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         raised = run_command("prlimit --pid " + std::to_string(pid) + " --fsize=unlimited") == "";
