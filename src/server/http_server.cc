@@ -737,23 +737,28 @@ class HttpServer::Impl::Session : public Deadlined,
   // and only bytes the parser leaves (a header cut short, the start of a pipelined request) are
   // copied into the connection's own buffer_. So a connection waiting for its next request, or
   // for the engine's answer, holds no buffer: that was 4 KiB of the 5.4 KiB a connection cost
-  // (docs/PERFORMANCE.md, "Many workers"). With nothing to read yet, it waits for the socket
-  // to become readable and tries again. (The read comes first and the wait is queued in the same
-  // handler: on the connection's one I/O thread no epoll_wait runs in between, so the edge of
-  // bytes that arrive after the read is still to be reported.)
+  // (docs/PERFORMANCE.md, "Many workers"). It waits for the socket to become readable, then
+  // reads. The wait comes first: it is called when everything the socket had was read (a reply
+  // just written, or a request cut short), so a read first would nearly always find nothing —
+  // a system call per request for nothing. Asio re-arms a wait with epoll_ctl(EPOLL_CTL_MOD),
+  // which reports bytes that are already there too, so none is missed.
   void read_ready(bool first) {
+    stream_.async_wait(tcp::socket::wait_read,
+                       [self = this->shared_from_this(), first](beast::error_code waited) {
+                         if (waited) {
+                           self->close();  // closed, or timed out (the sweeper dropped it)
+                           return;
+                         }
+                         self->read_now(first);
+                       });
+  }
+
+  void read_now(bool first) {
     static thread_local std::array<char, 64 << 10> scratch;
     beast::error_code ec;
     const size_t n = stream_.read_some(asio::buffer(scratch), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) {
-      stream_.async_wait(tcp::socket::wait_read,
-                         [self = this->shared_from_this(), first](beast::error_code waited) {
-                           if (waited) {
-                             self->close();  // closed, or timed out (the sweeper dropped it)
-                             return;
-                           }
-                           self->read_ready(first);
-                         });
+      read_ready(first);  // (woken with nothing to read)
       return;
     }
     if (ec) {
