@@ -48,6 +48,15 @@ std::vector<std::string> limited(const std::string& limit, const std::string& lo
   return {"sh", "-c", "exec \"$@\" 2>>\"$0\"", log, "prlimit", limit, "--"};
 }
 
+// A server on DIR/data with durability "os", `min_free_mib` of reserve, under `prlimit LIMIT`.
+std::unique_ptr<ServerProcess> durable_under(TempDir& dir, const std::string& min_free_mib,
+                                             const std::string& limit, const std::string& log) {
+  return ServerProcess::start(
+      {"--config", dir.write("d.toml", kRun), "--data-dir", dir.path() + "/data", "--durability",
+       "os", "--min-free-disk", min_free_mib},
+      0, TRAINCOORD_BIN, limited(limit, log));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -81,10 +90,7 @@ double cpu_seconds(pid_t pid) {
 TEST(LimitsE2E, AJournalNearTheFileSizeLimitIsAFullDiskNotADeath) {
   TempDir dir;
   const std::string log = dir.path() + "/stderr";
-  auto server =
-      ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir",
-                            dir.path() + "/data", "--durability", "os", "--min-free-disk", "4"},
-                           0, TRAINCOORD_BIN, limited("--fsize=6000000", log));
+  auto server = durable_under(dir, "4", "--fsize=6000000", log);
   ASSERT_NE(server, nullptr) << read_file(log);
   const uint16_t port = server->port();
   // Every registration is a commit (about 13 KB of the write-ahead log): the journal's files
@@ -124,10 +130,7 @@ TEST(LimitsE2E, AJournalNearTheFileSizeLimitIsAFullDiskNotADeath) {
 TEST(LimitsE2E, ACommitThatReachesTheLimitIsHeldAndAnsweredOnceThereIsRoom) {
   TempDir dir;
   const std::string log = dir.path() + "/stderr";
-  auto server =
-      ServerProcess::start({"--config", dir.write("d.toml", kRun), "--data-dir",
-                            dir.path() + "/data", "--durability", "os", "--min-free-disk", "0"},
-                           0, TRAINCOORD_BIN, limited("--fsize=3000000:unlimited", log));
+  auto server = durable_under(dir, "0", "--fsize=3000000:unlimited", log);
   ASSERT_NE(server, nullptr) << read_file(log);
   const uint16_t port = server->port();
   const pid_t pid = server->pid();
