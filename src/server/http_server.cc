@@ -675,7 +675,8 @@ class HttpServer::Impl::Session : public Deadlined,
                                 self->read();
                               });
     } else {
-      // Reads and writes are tried at once, without blocking, before waiting (read_ready).
+      // Non-blocking: a write is tried at once before waiting; a read waits for the socket
+      // first, and reads without blocking (read_ready).
       beast::error_code ignored;
       stream_.non_blocking(true, ignored);
       read();
@@ -738,10 +739,12 @@ class HttpServer::Impl::Session : public Deadlined,
   // copied into the connection's own buffer_. So a connection waiting for its next request, or
   // for the engine's answer, holds no buffer: that was 4 KiB of the 5.4 KiB a connection cost
   // (docs/PERFORMANCE.md, "Many workers"). It waits for the socket to become readable, then
-  // reads. The wait comes first: it is called when everything the socket had was read (a reply
-  // just written, or a request cut short), so a read first would nearly always find nothing —
-  // a system call per request for nothing. Asio re-arms a wait with epoll_ctl(EPOLL_CTL_MOD),
-  // which reports bytes that are already there too, so none is missed.
+  // reads. The wait comes first: it is called mostly when everything the socket had was read
+  // (a reply just written, or a request cut short), where a read first would nearly always
+  // find nothing — a system call per request for nothing. Where bytes may be there already (a
+  // new connection, a read that filled the scratch buffer, a request sent while the one before
+  // it was held), nothing is missed either: Asio re-arms a wait with epoll_ctl(EPOLL_CTL_MOD),
+  // which reports bytes already there (ServerE2E.ARequestSentWhileTheOneBeforeItIsHeldIsAnswered).
   void read_ready(bool first) {
     stream_.async_wait(tcp::socket::wait_read,
                        [self = this->shared_from_this(), first](beast::error_code waited) {

@@ -385,6 +385,54 @@ TEST_F(ServerE2E, AnAcquireLongPollsAtTheEpochBarrierUntilWorkAppears) {
   EXPECT_STREQ(d["job"]["set"].GetString(), "dev") << waited;
 }
 
+// A request that arrives while the one before it on the same connection is held (a parked
+// acquire) waits in the socket: nothing reads it until the reply is written, and its bytes'
+// readiness was reported while no read was queued. It is answered all the same: the server
+// waits for the socket before it reads, and the wait re-arms the socket (epoll_ctl MOD),
+// which reports bytes already there. (A reactor that only waited for new bytes would leave
+// it unanswered.)
+TEST_F(ServerE2E, ARequestSentWhileTheOneBeforeItIsHeldIsAnswered) {
+  const std::string url = server_->url();
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
+  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
+  for (int i = 0; i < 15; ++i) {
+    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0})"));
+  }
+  const int fd = testing::connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  auto send_all = [fd](const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  const std::string held = R"({"worker": 1, "wait_ms": 400})";
+  ASSERT_TRUE(send_all("POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                       std::to_string(held.size()) + "\r\n\r\n" + held));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (held by then, or not: either
+  ASSERT_TRUE(send_all("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"));  // way it must answer)
+  std::string replies;
+  for (int i = 0; i < 200 && replies.find("\"status\":\"ok\"") == std::string::npos; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    replies.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const auto first = replies.find("\"retry_after_ms\"") != std::string::npos
+                         ? replies.find("\"retry_after_ms\"")
+                         : replies.find("\"lease\"");
+  const auto second = replies.find("\"status\":\"ok\"");
+  EXPECT_NE(first, std::string::npos) << replies;
+  ASSERT_NE(second, std::string::npos) << "the second request was never answered: " << replies;
+  EXPECT_LT(first, second) << replies;
+}
+
 TEST_F(ServerE2E, AParkedAcquireIsAnsweredWaitWhenItsWaitRunsOut) {
   const std::string url = server_->url();
   ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
