@@ -183,6 +183,16 @@ class ServerE2E : public ::testing::Test {
     return {"--config", config_, "--data-dir", dir_.path() + "/data"};
   }
 
+  // Workers "a" (0) and "b" (1); a holds every train job of epoch 0, so b's acquire parks.
+  void lease_every_train_job_to_a() {
+    const std::string url = server_->url();
+    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
+    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
+    for (int i = 0; i < 15; ++i) {
+      ASSERT_TRUE(client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0})"));
+    }
+  }
+
   rapidjson::Document status() {
     auto body = client::get(server_->url(), "/v1/runs/e2e");
     EXPECT_TRUE(body) << body.error().message;
@@ -392,23 +402,10 @@ TEST_F(ServerE2E, AnAcquireLongPollsAtTheEpochBarrierUntilWorkAppears) {
 // which reports bytes already there. (A reactor that only waited for new bytes would leave
 // it unanswered.)
 TEST_F(ServerE2E, ARequestSentWhileTheOneBeforeItIsHeldIsAnswered) {
-  const std::string url = server_->url();
-  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
-  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
-  for (int i = 0; i < 15; ++i) {
-    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0})"));
-  }
+  ASSERT_NO_FATAL_FAILURE(lease_every_train_job_to_a());
   const int fd = testing::connect_loopback(server_->port());
   ASSERT_GE(fd, 0);
-  auto send_all = [fd](const std::string& bytes) {
-    size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  };
+  auto send_all = [fd](const std::string& bytes) { return testing::send_all(fd, bytes); };
   const std::string held = R"({"worker": 1, "wait_ms": 400})";
   ASSERT_TRUE(send_all("POST /v1/runs/e2e/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                        std::to_string(held.size()) + "\r\n\r\n" + held));
@@ -435,11 +432,7 @@ TEST_F(ServerE2E, ARequestSentWhileTheOneBeforeItIsHeldIsAnswered) {
 
 TEST_F(ServerE2E, AParkedAcquireIsAnsweredWaitWhenItsWaitRunsOut) {
   const std::string url = server_->url();
-  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "a"})"));
-  ASSERT_TRUE(client::post(url, "/v1/runs/e2e/workers", R"({"name": "b"})"));
-  for (int i = 0; i < 15; ++i) {
-    ASSERT_TRUE(client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 0})"));
-  }
+  ASSERT_NO_FATAL_FAILURE(lease_every_train_job_to_a());
   auto r = client::post(url, "/v1/runs/e2e/acquire", R"({"worker": 1, "wait_ms": 200})");
   ASSERT_TRUE(r) << r.error().message;
   auto d = parse(*r);

@@ -148,17 +148,23 @@ inline int connect_loopback(uint16_t port) {
   return fd;
 }
 
+// Sends all of `bytes` on the connection `fd`; false if it failed first.
+inline bool send_all(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 // Sends raw bytes to 127.0.0.1:port and returns everything read until the server closes or
 // `timeout_ms` passes without data.
 inline std::string raw_exchange(uint16_t port, const std::string& bytes, int timeout_ms = 2000) {
   const int fd = connect_loopback(port);
   if (fd < 0) return "";
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  send_all(fd, bytes);
   std::string reply;
   while (true) {
     pollfd p{fd, POLLIN, 0};
